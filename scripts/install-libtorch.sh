@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Installs libtorch 2.11.0 (CPU) into .libtorch/ from the PyPI wheels, once.
+#
+# tch 0.24 binds libtorch 2.11.0. pytorch.org's libtorch zips cannot be reached from
+# our machines, but PyPI can: the torch wheel carries the same shared libraries and
+# headers. We keep torch/lib and torch/include, drop libtorch_cuda*.so so torch-sys
+# links the CPU build, and add the two CUDA runtime libraries libtorch_cpu.so is linked
+# against (it only loads them; no GPU is used). The wheels are pinned by sha256.
+#
+# Idempotent: a complete install (marked by .libtorch/build-version) is left alone.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+dest="$root/.libtorch"
+version="2.11.0"
+
+if [[ -f "$dest/build-version" && "$(cat "$dest/build-version")" == "$version" ]]; then
+    exit 0
+fi
+
+python="${PYTHON:-python3}"
+work="$(mktemp -d "${TMPDIR:-/tmp}/petting-libtorch.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+cat > "$work/requirements.txt" <<REQ
+torch==$version --hash=sha256:7aa2f9bbc6d4595ba72138026b2074be1233186150e9292865e04b7a63b8c67a
+nvidia-cuda-runtime==13.0.96 --hash=sha256:7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548
+nvidia-cuda-cupti==13.0.85 --hash=sha256:4eb01c08e859bf924d222250d2e8f8b8ff6d3db4721288cf35d14252a4d933c8
+REQ
+
+echo "install-libtorch: downloading torch $version wheels from PyPI (about 545 MB, cached by pip)" >&2
+# The wheel's libtorch is the same for every CPython; pinning the tag makes the hashes hold
+# whatever python3 this machine has.
+"$python" -m pip download --quiet --no-deps --only-binary=:all: \
+    --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 --platform manylinux_2_25_x86_64 --platform manylinux_2_17_x86_64 \
+    --require-hashes -r "$work/requirements.txt" -d "$work/wheels"
+
+staging="$work/libtorch"
+mkdir -p "$staging/lib"
+echo "install-libtorch: unpacking" >&2
+(cd "$work" && "$python" - "$work/wheels" "$staging" <<'PY'
+import pathlib, shutil, sys, zipfile
+
+wheels, staging = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+(torch_wheel,) = wheels.glob("torch-*.whl")
+with zipfile.ZipFile(torch_wheel) as z:
+    for name in z.namelist():
+        if name.endswith("/"):
+            continue
+        if name.startswith("torch/include/"):
+            target = staging / name[len("torch/"):]
+        elif name.startswith("torch/lib/") and name.count("/") == 2:
+            base = name[len("torch/lib/"):]
+            # The CUDA libraries make torch-sys link the CUDA build; libtorch_python needs Python.
+            if base.startswith(("libtorch_cuda", "libc10_cuda", "libtorch_nvshmem",
+                                "libcaffe2_nvrtc", "libtorch_python")):
+                continue
+            target = staging / "lib" / base
+        else:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with z.open(name) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+for pattern, lib in [("nvidia_cuda_runtime-*.whl", "libcudart.so.13"),
+                     ("nvidia_cuda_cupti-*.whl", "libcupti.so.13")]:
+    (wheel,) = wheels.glob(pattern)
+    with zipfile.ZipFile(wheel) as z:
+        with z.open(f"nvidia/cu13/lib/{lib}") as src, open(staging / "lib" / lib, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+PY
+)
+echo "$version" > "$staging/build-version"
+
+rm -rf "$dest"
+mv "$staging" "$dest"
+echo "install-libtorch: libtorch $version (CPU) is in $dest" >&2

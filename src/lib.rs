@@ -1,0 +1,7 @@
+//! petting: on-policy multi-agent RL (AT-GRPO) as a batch pipeline over run stores.
+//!
+//! The library never prints; the `petting` binary (src/main.rs, src/cli/) does.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+/// Recorded in every commit marker.
+pub const CODE_VERSION: &str = concat!("petting ", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,3 @@
+//! Integration tests: the library through its public API, and the real binary.
+
+mod libtorch;
