@@ -3,5 +3,8 @@
 //! The library never prints; the `petting` binary (src/main.rs, src/cli/) does.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod schema;
+pub mod tables;
+
 /// Recorded in every commit marker.
 pub const CODE_VERSION: &str = concat!("petting ", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,329 @@
+//! Typed rows of every table, converted to and from Arrow batches with the schemas of
+//! `schemas/*.json`.
+//!
+//! A row type holds the file columns of its table, not its partition columns (those
+//! live in the path). The tests at the bottom fail when a row type and its JSON file
+//! disagree on a column's name, type or nullability.
+
+use arrow::record_batch::RecordBatch;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::schema::Table;
+
+/// A row of one table.
+pub trait Row: Serialize + DeserializeOwned {
+    const TABLE: Table;
+}
+
+/// Builds one batch with the table's file schema.
+pub fn to_batch<R: Row>(rows: &[R]) -> Result<RecordBatch, serde_arrow::Error> {
+    serde_arrow::to_record_batch(R::TABLE.file_schema().fields(), &rows)
+}
+
+/// Reads rows back; columns the row type does not name (such as partition columns
+/// added by SQL) are ignored.
+pub fn from_batch<R: Row>(batch: &RecordBatch) -> Result<Vec<R>, serde_arrow::Error> {
+    serde_arrow::from_record_batch(batch)
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRow {
+    pub task_id: String,
+    pub env: String,
+    pub seed: u64,
+    pub instance: String,
+    pub reference: Option<String>,
+    pub difficulty: Option<f64>,
+    pub source: String,
+}
+impl Row for TaskRow {
+    const TABLE: Table = Table::Tasks;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRow {
+    pub candidate_id: String,
+    pub run: String,
+    pub task_id: String,
+    pub episode: u32,
+    pub turn: u32,
+    pub agent: String,
+    pub policy: String,
+    pub policy_version: u32,
+    pub branch: u32,
+    pub node_id: u32,
+    pub parent_id: Option<u32>,
+    pub selected: bool,
+    pub prompt_text: String,
+    pub prompt_tokens: Vec<i32>,
+    pub response_text: String,
+    pub response_tokens: Vec<i32>,
+    pub response_logprobs: Vec<f32>,
+    pub finish_reason: String,
+    pub action: Option<String>,
+    pub parse_error: Option<String>,
+    pub feedback: Option<String>,
+    pub local_reward: f64,
+    pub team_reward: f64,
+    pub done: bool,
+    pub success: bool,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub sampling_seed: u64,
+    pub generation_seconds: f64,
+}
+impl Row for TurnRow {
+    const TABLE: Table = Table::Turns;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRow {
+    pub group_id: String,
+    pub task_id: String,
+    pub agent: Option<String>,
+    pub turn: Option<u32>,
+    pub size: u32,
+    pub mean: f64,
+    pub std: f64,
+    pub degenerate: bool,
+    pub kept: bool,
+}
+impl Row for GroupRow {
+    const TABLE: Table = Table::Groups;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleRow {
+    pub candidate_id: String,
+    pub group_id: String,
+    pub agent: String,
+    pub policy: String,
+    pub policy_version: u32,
+    pub mixed_reward: f64,
+    pub advantage: f64,
+    pub response_token_count: u32,
+}
+impl Row for SampleRow {
+    const TABLE: Table = Table::Samples;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpdateRow {
+    pub policy: String,
+    pub mode: String,
+    pub version_from: u32,
+    pub version_to: u32,
+    pub step: u32,
+    pub loss: f64,
+    pub clip_fraction: f64,
+    pub ratio_mean: f64,
+    pub ratio_max: f64,
+    pub logprob_drift_mean: f64,
+    pub logprob_drift_max: f64,
+    pub approx_kl: f64,
+    pub grad_norm: f64,
+    pub entropy: f64,
+    pub tokens: u64,
+    pub sequences: u32,
+    pub learning_rate: f64,
+    pub seconds: f64,
+}
+impl Row for UpdateRow {
+    const TABLE: Table = Table::Updates;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRow {
+    pub task_id: String,
+    pub env: String,
+    pub mode: String,
+    pub sample: u32,
+    pub policies: String,
+    pub success: bool,
+    pub reward: f64,
+    pub turns: u32,
+    pub tokens: u64,
+    pub seconds: f64,
+}
+impl Row for EvalRow {
+    const TABLE: Table = Table::Evals;
+}
+
+/// Timestamps are microseconds since the Unix epoch, UTC.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommitRow {
+    pub stage: String,
+    pub iteration: Option<i64>,
+    pub shard: Option<u32>,
+    pub shards: Option<u32>,
+    pub marker: String,
+    pub marker_sha256: String,
+    pub attempt: String,
+    pub files: u32,
+    pub rows: u64,
+    pub bytes: u64,
+    pub seed: u64,
+    pub config_sha256: String,
+    pub code_version: String,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub seconds: f64,
+}
+impl Row for CommitRow {
+    const TABLE: Table = Table::Commits;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRow {
+    pub policy: String,
+    pub version: u32,
+    pub parent_version: Option<u32>,
+    pub iteration: Option<i64>,
+    pub stage: String,
+    pub path: String,
+    pub weights_sha256: String,
+    pub bytes: u64,
+}
+impl Row for CheckpointRow {
+    const TABLE: Table = Table::Checkpoints;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::DataType;
+    use serde_arrow::schema::{SchemaLike, TracingOptions};
+
+    /// The Arrow type serde traces for the row type, with list item names and timestamps
+    /// (carried as i64 microseconds) normalised to what the JSON files say.
+    fn traced_fields<R: Row>() -> Vec<(String, DataType, bool)> {
+        let options = TracingOptions::default().strings_as_large_utf8(false).sequence_as_large_list(false);
+        let fields = Vec::<arrow::datatypes::FieldRef>::from_type::<R>(options).unwrap();
+        fields.iter().map(|f| (f.name().clone(), normalise(f.data_type()), f.is_nullable())).collect()
+    }
+
+    fn normalise(t: &DataType) -> DataType {
+        match t {
+            DataType::List(item) => DataType::List(std::sync::Arc::new(arrow::datatypes::Field::new_list_field(
+                normalise(item.data_type()),
+                item.is_nullable(),
+            ))),
+            DataType::Timestamp(..) => DataType::Int64,
+            other => other.clone(),
+        }
+    }
+
+    fn schema_fields(table: Table) -> Vec<(String, DataType, bool)> {
+        let schema = table.file_schema();
+        schema.fields().iter().map(|f| (f.name().clone(), normalise(f.data_type()), f.is_nullable())).collect()
+    }
+
+    fn assert_row_matches_schema<R: Row>() {
+        assert_eq!(
+            traced_fields::<R>(),
+            schema_fields(R::TABLE),
+            "the Rust row type of `{}` drifted from schemas/{}.json",
+            R::TABLE,
+            R::TABLE
+        );
+    }
+
+    #[test]
+    fn every_row_type_matches_its_schema_file() {
+        assert_row_matches_schema::<TaskRow>();
+        assert_row_matches_schema::<TurnRow>();
+        assert_row_matches_schema::<GroupRow>();
+        assert_row_matches_schema::<SampleRow>();
+        assert_row_matches_schema::<UpdateRow>();
+        assert_row_matches_schema::<EvalRow>();
+        assert_row_matches_schema::<CommitRow>();
+        assert_row_matches_schema::<CheckpointRow>();
+    }
+
+    #[test]
+    fn a_drifted_row_type_is_caught() {
+        #[derive(Serialize, Deserialize)]
+        struct Drifted {
+            task_id: String,
+            env: String,
+            seed: u32, // the schema says UInt64
+            instance: String,
+            reference: Option<String>,
+            difficulty: Option<f64>,
+            source: String,
+        }
+        impl Row for Drifted {
+            const TABLE: Table = Table::Tasks;
+        }
+        assert_ne!(traced_fields::<Drifted>(), schema_fields(Table::Tasks));
+    }
+
+    #[test]
+    fn rows_survive_a_round_trip_through_a_batch() {
+        let rows = vec![
+            SampleRow {
+                candidate_id: "t/e0/t1/tool/b3".into(),
+                group_id: "t/t1/tool".into(),
+                agent: "tool".into(),
+                policy: "shared".into(),
+                policy_version: 4,
+                mixed_reward: 1.5,
+                advantage: -0.25,
+                response_token_count: 12,
+            },
+            SampleRow {
+                candidate_id: "t/e0/t1/tool/b4".into(),
+                group_id: "t/t1/tool".into(),
+                agent: "tool".into(),
+                policy: "shared".into(),
+                policy_version: 4,
+                mixed_reward: 2.0,
+                advantage: 0.25,
+                response_token_count: 7,
+            },
+        ];
+        let batch = to_batch(&rows).unwrap();
+        assert_eq!(batch.schema(), Table::Samples.file_schema());
+        assert_eq!(from_batch::<SampleRow>(&batch).unwrap(), rows);
+    }
+
+    #[test]
+    fn list_columns_keep_their_values() {
+        let row = TurnRow {
+            candidate_id: "c".into(),
+            run: "r".into(),
+            task_id: "t".into(),
+            episode: 0,
+            turn: 2,
+            agent: "planner".into(),
+            policy: "p".into(),
+            policy_version: 3,
+            branch: 1,
+            node_id: 9,
+            parent_id: None,
+            selected: true,
+            prompt_text: "grid".into(),
+            prompt_tokens: vec![5, 6, 7],
+            response_text: "RRD".into(),
+            response_tokens: vec![11, 11, 12, 2],
+            response_logprobs: vec![-0.5, -0.25, -1.0, -0.125],
+            finish_reason: "eos".into(),
+            action: Some("[\"R\",\"R\",\"D\"]".into()),
+            parse_error: None,
+            feedback: None,
+            local_reward: 1.0,
+            team_reward: 1.5,
+            done: true,
+            success: true,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            sampling_seed: 77,
+            generation_seconds: 0.5,
+        };
+        let batch = to_batch(std::slice::from_ref(&row)).unwrap();
+        assert_eq!(from_batch::<TurnRow>(&batch).unwrap(), vec![row]);
+    }
+}
