@@ -4,6 +4,8 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod schema;
+pub mod sql;
+pub mod store;
 pub mod tables;
 
 /// Recorded in every commit marker.

@@ -1,0 +1,53 @@
+use crate::schema::Table;
+use crate::store::layout::StageId;
+
+/// Everything that can go wrong reading or writing a run store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(
+        "unsupported run URL {url:?}: {reason}; use a local path, file:///path, memory://, \
+         s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+    )]
+    UnsupportedUrl { url: String, reason: String },
+
+    #[error("cannot open run {url:?}: {reason}")]
+    NoCredentials { url: String, reason: String },
+
+    #[error("cannot set up object storage for {url}: {source}")]
+    Configure { url: String, source: Box<object_store::Error> },
+
+    #[error("{operation} {path} in {url} failed: {source}")]
+    ObjectStore { operation: &'static str, url: String, path: String, source: Box<object_store::Error> },
+
+    #[error("{stage} is already committed in {url}: another writer won the race; this attempt's files stay invisible")]
+    AlreadyCommitted { url: String, stage: StageId },
+
+    #[error(
+        "{path} in {url} is corrupt: its commit marker says {expected}, the file has {actual}; \
+         the file was truncated or overwritten after it was committed"
+    )]
+    Corrupt { url: String, path: String, expected: String, actual: String },
+
+    #[error("{path} in {url} is named by a commit marker but does not exist; it was deleted after it was committed")]
+    MissingFile { url: String, path: String },
+
+    #[error("commit marker {path} in {url} cannot be read: {reason}")]
+    InvalidMarker { url: String, path: String, reason: String },
+
+    #[error(
+        "cannot commit {stage}: {path} was written by this attempt but is gone from {url} (was `petting gc` run during the stage?)"
+    )]
+    LostBeforeCommit { url: String, stage: StageId, path: String },
+
+    #[error("batch for table {table} does not match schemas/{table}.json: {detail}")]
+    SchemaMismatch { table: Table, detail: String },
+
+    #[error("Parquet file {path} in {url}: {source}")]
+    Parquet { url: String, path: String, source: Box<parquet::errors::ParquetError> },
+
+    #[error("no run at {url}: it has no run.yaml and no commit markers")]
+    RunNotFound { url: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,230 @@
+//! Where everything lives inside a run, as pure functions of names and numbers.
+//!
+//! ```text
+//! <run>/run.yaml
+//! <run>/tasks/split=train/part-<shard>-<attempt>-<seq>.parquet
+//! <run>/turns/iteration=7/part-<shard>-<attempt>-<seq>.parquet      (groups, samples, updates, evals alike)
+//! <run>/checkpoints/<policy>/v000008.<attempt>/…                    (a Hugging Face folder)
+//! <run>/_commits/prepare-data.json
+//! <run>/_commits/iteration=7/<stage>[-<shard>].json
+//! ```
+//!
+//! Every data file name carries the attempt that wrote it, so two attempts at the same
+//! stage never write the same object: a loser's files stay invisible instead of
+//! overwriting the winner's. Checkpoint folders carry the attempt for the same reason.
+
+use serde::{Deserialize, Serialize};
+
+use crate::schema::Table;
+
+pub const RUN_CONFIG: &str = "run.yaml";
+pub const COMMITS_DIR: &str = "_commits";
+
+/// A stage of the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stage {
+    PrepareData,
+    Rollout,
+    Group,
+    Advantage,
+    Update,
+    Evaluate,
+}
+
+impl Stage {
+    /// Stages run once per iteration, in order.
+    pub const PER_ITERATION: [Stage; 5] =
+        [Stage::Rollout, Stage::Group, Stage::Advantage, Stage::Update, Stage::Evaluate];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::PrepareData => "prepare-data",
+            Stage::Rollout => "rollout",
+            Stage::Group => "group",
+            Stage::Advantage => "advantage",
+            Stage::Update => "update",
+            Stage::Evaluate => "evaluate",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Stage> {
+        [Stage::PrepareData].into_iter().chain(Stage::PER_ITERATION).find(|s| s.name() == name)
+    }
+
+    /// Whether the stage runs once per run rather than once per iteration.
+    pub fn is_run_level(self) -> bool {
+        matches!(self, Stage::PrepareData)
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Slice `index` of `count` of a sharded stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+/// One commit of one stage: what a commit marker stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StageId {
+    pub stage: Stage,
+    /// None for run-level stages.
+    pub iteration: Option<u32>,
+    pub shard: Option<Shard>,
+}
+
+impl StageId {
+    /// A run-level stage such as prepare-data.
+    pub fn run_level(stage: Stage) -> StageId {
+        assert!(stage.is_run_level(), "{stage} runs once per iteration");
+        StageId { stage, iteration: None, shard: None }
+    }
+
+    /// A stage of one iteration.
+    pub fn at(stage: Stage, iteration: u32) -> StageId {
+        assert!(!stage.is_run_level(), "{stage} runs once per run");
+        StageId { stage, iteration: Some(iteration), shard: None }
+    }
+
+    pub fn with_shard(self, index: u32, count: u32) -> StageId {
+        assert!(index < count, "shard {index} of {count}");
+        StageId { shard: Some(Shard { index, count }), ..self }
+    }
+
+    /// Path of the commit marker, relative to the run.
+    pub fn marker_path(&self) -> String {
+        let file = match self.shard {
+            None => format!("{}.json", self.stage),
+            Some(shard) => format!("{}-{}.json", self.stage, shard.index),
+        };
+        match self.iteration {
+            None => format!("{COMMITS_DIR}/{file}"),
+            Some(k) => format!("{COMMITS_DIR}/iteration={k}/{file}"),
+        }
+    }
+
+    /// Parses a marker path back; None for anything that is not a marker.
+    /// The shard count is not in the path; it comes from the marker's contents.
+    pub fn from_marker_path(path: &str) -> Option<(Stage, Option<u32>, Option<u32>)> {
+        let rest = path.strip_prefix(COMMITS_DIR)?.strip_prefix('/')?;
+        let (iteration, file) = match rest.split_once('/') {
+            Some((dir, file)) => (Some(dir.strip_prefix("iteration=")?.parse().ok()?), file),
+            None => (None, rest),
+        };
+        let stem = file.strip_suffix(".json")?;
+        if let Some(stage) = Stage::from_name(stem) {
+            return Some((stage, iteration, None));
+        }
+        let (name, shard) = stem.rsplit_once('-')?;
+        Some((Stage::from_name(name)?, iteration, Some(shard.parse().ok()?)))
+    }
+
+    pub fn shard_index(&self) -> u32 {
+        self.shard.map_or(0, |s| s.index)
+    }
+}
+
+impl std::fmt::Display for StageId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.stage)?;
+        if let Some(k) = self.iteration {
+            write!(f, " of iteration {k}")?;
+        }
+        if let Some(s) = self.shard {
+            write!(f, " (shard {} of {})", s.index, s.count)?;
+        }
+        Ok(())
+    }
+}
+
+/// The hive partition a table file belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Partition {
+    Iteration(u32),
+    Split(Split),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    Train,
+    Test,
+}
+
+impl Split {
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Test => "test",
+        }
+    }
+}
+
+impl Partition {
+    fn segment(&self) -> String {
+        match self {
+            Partition::Iteration(k) => format!("iteration={k}"),
+            Partition::Split(s) => format!("split={}", s.name()),
+        }
+    }
+}
+
+/// Path of the `seq`-th Parquet part a stage attempt writes for a table.
+pub fn part_path(table: Table, partition: &Partition, shard: u32, attempt: &str, seq: u32) -> String {
+    format!("{table}/{}/part-{shard}-{attempt}-{seq}.parquet", partition.segment())
+}
+
+/// Folder of a checkpoint written by one attempt.
+pub fn checkpoint_dir(policy: &str, version: u32, attempt: &str) -> String {
+    format!("checkpoints/{policy}/v{version:06}.{attempt}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marker_paths_follow_the_design() {
+        assert_eq!(StageId::run_level(Stage::PrepareData).marker_path(), "_commits/prepare-data.json");
+        assert_eq!(StageId::at(Stage::Rollout, 7).marker_path(), "_commits/iteration=7/rollout.json");
+        assert_eq!(
+            StageId::at(Stage::Rollout, 7).with_shard(2, 4).marker_path(),
+            "_commits/iteration=7/rollout-2.json"
+        );
+    }
+
+    #[test]
+    fn marker_paths_parse_back() {
+        for id in [
+            StageId::run_level(Stage::PrepareData),
+            StageId::at(Stage::Evaluate, 12),
+            StageId::at(Stage::Rollout, 0).with_shard(3, 4),
+        ] {
+            let parsed = StageId::from_marker_path(&id.marker_path()).unwrap();
+            assert_eq!(parsed, (id.stage, id.iteration, id.shard.map(|s| s.index)));
+        }
+        assert_eq!(StageId::from_marker_path("_commits/iteration=x/rollout.json"), None);
+        assert_eq!(StageId::from_marker_path("_commits/iteration=1/unknown.json"), None);
+        assert_eq!(StageId::from_marker_path("turns/iteration=1/rollout.json"), None);
+    }
+
+    #[test]
+    fn data_paths_are_hive_partitioned_and_attempt_unique() {
+        assert_eq!(
+            part_path(Table::Turns, &Partition::Iteration(7), 0, "a1b2", 3),
+            "turns/iteration=7/part-0-a1b2-3.parquet"
+        );
+        assert_eq!(
+            part_path(Table::Tasks, &Partition::Split(Split::Test), 1, "ff", 0),
+            "tasks/split=test/part-1-ff-0.parquet"
+        );
+        assert_eq!(checkpoint_dir("shared", 8, "a1b2"), "checkpoints/shared/v000008.a1b2");
+    }
+}

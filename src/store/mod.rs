@@ -1,0 +1,288 @@
+//! The run store: a run's tables, checkpoints and commit markers in object storage.
+//!
+//! ```text
+//!  stage attempt                          object store
+//!  ─────────────                          ────────────
+//!  StageWriter::write_table ──put──────►  turns/iteration=7/part-0-<attempt>-0.parquet   (invisible)
+//!  StageWriter::write_file  ──put──────►  checkpoints/p/v000008.<attempt>/…              (invisible)
+//!  StageWriter::finish ─► PendingCommit
+//!  PendingCommit::commit ─put(Create)──►  _commits/iteration=7/rollout.json              (now all visible)
+//! ```
+//!
+//! Contract, which every backend (local disk, memory, S3-compatible, GCS, Azure) meets
+//! through `object_store`:
+//! * **Atomic visibility.** A part is written whole under a name no other attempt uses,
+//!   then the stage's marker is created with create-if-absent. Readers only read files a
+//!   marker names, so a crash leaves orphans nothing reads, never half a table.
+//! * **One winner per marker.** Two attempts racing on a stage both write their parts;
+//!   exactly one creates the marker, the other gets [`Error::AlreadyCommitted`] and its
+//!   parts stay invisible until `gc` removes them.
+//! * **Verified reads.** The marker records each file's size and sha256; a file that no
+//!   longer matches is reported as [`Error::Corrupt`] naming it, never read silently.
+
+mod committed_view;
+mod error;
+mod gc;
+pub mod layout;
+mod location;
+pub mod marker;
+mod parquet_io;
+pub mod status;
+mod writer;
+
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use sha2::{Digest, Sha256};
+
+pub use committed_view::CommittedView;
+pub use error::{Error, Result};
+pub use gc::GcReport;
+pub use layout::{Partition, Shard, Split, Stage, StageId};
+pub use marker::{CheckpointRef, CommitMarker, FileEntry, InputRef, PolicyRef};
+pub use writer::{CommitInfo, PendingCommit, StageWriter};
+
+use crate::schema::Table;
+use crate::tables::Row;
+
+/// How many objects are read or checked at once.
+const CONCURRENCY: usize = 16;
+
+/// One run, under one URL.
+#[derive(Debug, Clone)]
+pub struct RunStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    url: String,
+}
+
+/// A commit marker as read from the store, with the hash downstream stages record.
+#[derive(Debug, Clone)]
+pub struct StoredMarker {
+    pub path: String,
+    pub sha256: String,
+    pub marker: CommitMarker,
+}
+
+impl StoredMarker {
+    pub fn input_ref(&self) -> InputRef {
+        InputRef { marker: self.path.clone(), sha256: self.sha256.clone() }
+    }
+}
+
+impl RunStore {
+    /// Opens the run at `url` (a local path, `file://`, `memory://`, `s3://`, `gs://`,
+    /// `az://`). Nothing is read or written yet.
+    pub fn open(url: &str) -> Result<RunStore> {
+        let location = location::resolve(url)?;
+        Ok(RunStore { store: location.store, root: location.root, url: location.url })
+    }
+
+    /// A run at `root` of an existing object store (tests, decorated stores).
+    pub fn from_object_store(store: Arc<dyn ObjectStore>, root: &str, url: &str) -> RunStore {
+        RunStore { store, root: Path::from(root), url: url.to_string() }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Object path of a path relative to the run.
+    fn path(&self, relative: &str) -> Path {
+        if self.root.as_ref().is_empty() {
+            Path::from(relative)
+        } else {
+            Path::from(format!("{}/{relative}", self.root))
+        }
+    }
+
+    /// Path relative to the run of an object path under it.
+    fn relative(&self, path: &Path) -> String {
+        let parts: Vec<_> =
+            path.prefix_match(&self.root).map(|p| p.map(|s| s.as_ref().to_string()).collect()).unwrap_or_default();
+        parts.join("/")
+    }
+
+    fn object_error(&self, operation: &'static str, relative: &str, source: object_store::Error) -> Error {
+        Error::ObjectStore { operation, url: self.url.clone(), path: relative.to_string(), source: Box::new(source) }
+    }
+
+    /// Starts an attempt at a stage. Its files stay invisible until it commits.
+    pub fn begin(&self, stage: StageId) -> StageWriter<'_> {
+        StageWriter::new(self, stage)
+    }
+
+    /// Creates `run.yaml` if the run has none; returns the stored text either way.
+    pub async fn init_config(&self, yaml: &str) -> Result<String> {
+        let path = self.path(layout::RUN_CONFIG);
+        let put = self
+            .store
+            .put_opts(&path, Bytes::from(yaml.to_string()).into(), object_store::PutMode::Create.into())
+            .await;
+        match put {
+            Ok(_) => Ok(yaml.to_string()),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(self.run_config().await?.unwrap_or_default()),
+            Err(e) => Err(self.object_error("create", layout::RUN_CONFIG, e)),
+        }
+    }
+
+    /// The run's frozen `run.yaml`, if it has one.
+    pub async fn run_config(&self) -> Result<Option<String>> {
+        match self.get(layout::RUN_CONFIG).await? {
+            Some(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            None => Ok(None),
+        }
+    }
+
+    async fn get(&self, relative: &str) -> Result<Option<Bytes>> {
+        let result = self.store.get(&self.path(relative)).await;
+        match result {
+            Ok(got) => Ok(Some(got.bytes().await.map_err(|e| self.object_error("read", relative, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.object_error("read", relative, e)),
+        }
+    }
+
+    /// The marker of one stage commit, if it exists.
+    pub async fn marker(&self, id: &StageId) -> Result<Option<StoredMarker>> {
+        let path = id.marker_path();
+        match self.get(&path).await? {
+            Some(bytes) => Ok(Some(self.parse_marker(path, &bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn parse_marker(&self, path: String, bytes: &[u8]) -> Result<StoredMarker> {
+        let invalid = |reason: String| Error::InvalidMarker { url: self.url.clone(), path: path.clone(), reason };
+        let marker: CommitMarker = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        if marker.format != marker::MARKER_FORMAT {
+            return Err(invalid(format!("format {} is not {}", marker.format, marker::MARKER_FORMAT)));
+        }
+        let (stage, iteration, shard) =
+            StageId::from_marker_path(&path).ok_or_else(|| invalid("not a marker path".into()))?;
+        if (stage, iteration, shard) != (marker.stage, marker.iteration, marker.shard.map(|s| s.index)) {
+            return Err(invalid(format!("it describes {}, not the stage its path names", marker.stage_id())));
+        }
+        Ok(StoredMarker { sha256: sha256_hex(bytes), path, marker })
+    }
+
+    /// Every commit marker of the run, sorted by stage order.
+    pub async fn markers(&self) -> Result<Vec<StoredMarker>> {
+        let prefix = self.path(layout::COMMITS_DIR);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.object_error("list", layout::COMMITS_DIR, e))?;
+        let paths: Vec<String> = metas.iter().map(|m| self.relative(&m.location)).collect();
+        let reads: Vec<_> = paths.into_iter().map(|path| self.read_marker(path)).collect();
+        let mut markers: Vec<StoredMarker> =
+            futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_collect().await?;
+        markers.sort_by_key(|m| (m.marker.iteration.map_or(-1, i64::from), m.marker.stage, m.marker.shard));
+        Ok(markers)
+    }
+
+    async fn read_marker(&self, path: String) -> Result<StoredMarker> {
+        let bytes =
+            self.get(&path).await?.ok_or_else(|| Error::MissingFile { url: self.url.clone(), path: path.clone() })?;
+        self.parse_marker(path, &bytes)
+    }
+
+    /// Fails with [`Error::RunNotFound`] when the URL holds neither a config nor a marker.
+    pub async fn ensure_exists(&self) -> Result<Vec<StoredMarker>> {
+        let markers = self.markers().await?;
+        if markers.is_empty() && self.run_config().await?.is_none() {
+            return Err(Error::RunNotFound { url: self.url.clone() });
+        }
+        Ok(markers)
+    }
+
+    /// Reads a committed file whole and checks it against its marker entry.
+    pub async fn read_file(&self, entry: &FileEntry) -> Result<Bytes> {
+        let bytes = self
+            .get(&entry.path)
+            .await?
+            .ok_or_else(|| Error::MissingFile { url: self.url.clone(), path: entry.path.clone() })?;
+        self.check(entry, bytes.len() as u64, || sha256_hex(&bytes))?;
+        Ok(bytes)
+    }
+
+    fn check(&self, entry: &FileEntry, bytes: u64, sha256: impl FnOnce() -> String) -> Result<()> {
+        let corrupt = |expected: String, actual: String| Error::Corrupt {
+            url: self.url.clone(),
+            path: entry.path.clone(),
+            expected,
+            actual,
+        };
+        if bytes != entry.bytes {
+            return Err(corrupt(format!("{} bytes", entry.bytes), format!("{bytes} bytes")));
+        }
+        let actual = sha256();
+        if actual != entry.sha256 {
+            return Err(corrupt(format!("sha256 {}", entry.sha256), format!("sha256 {actual}")));
+        }
+        Ok(())
+    }
+
+    /// Reads every part of `table` the given markers name, verified, as batches with the
+    /// table's file schema.
+    pub async fn read_table(&self, markers: &[&CommitMarker], table: Table) -> Result<Vec<RecordBatch>> {
+        let reads: Vec<_> =
+            markers.iter().flat_map(|m| m.files_of(table)).map(|entry| self.read_parquet(entry)).collect();
+        let files: Vec<Vec<RecordBatch>> = futures::stream::iter(reads).buffered(CONCURRENCY).try_collect().await?;
+        Ok(files.into_iter().flatten().collect())
+    }
+
+    async fn read_parquet(&self, entry: &FileEntry) -> Result<Vec<RecordBatch>> {
+        let bytes = self.read_file(entry).await?;
+        parquet_io::decode(bytes).map_err(|source| Error::Parquet {
+            url: self.url.clone(),
+            path: entry.path.clone(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Reads a table's committed rows as typed rows.
+    pub async fn read_rows<R: Row>(&self, markers: &[&CommitMarker]) -> Result<Vec<R>> {
+        let batches = self.read_table(markers, R::TABLE).await?;
+        let mut rows = Vec::new();
+        for batch in &batches {
+            let part = crate::tables::from_batch::<R>(batch)
+                .map_err(|e| Error::SchemaMismatch { table: R::TABLE, detail: e.to_string() })?;
+            rows.extend(part);
+        }
+        Ok(rows)
+    }
+
+    /// Checks every committed file's size and sha256. Returns how many files were checked.
+    pub async fn verify(&self) -> Result<usize> {
+        let markers = self.markers().await?;
+        let entries: Vec<&FileEntry> = markers.iter().flat_map(|m| &m.marker.files).collect();
+        let reads: Vec<_> = entries.iter().map(|entry| self.read_file(entry)).collect();
+        futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await?;
+        Ok(entries.len())
+    }
+
+    /// Deletes files no commit marker names (the leftovers of crashed or losing
+    /// attempts) once they are older than `grace`, so a stage still writing is spared.
+    pub async fn gc(&self, grace: std::time::Duration, dry_run: bool) -> Result<GcReport> {
+        gc::collect(self, grace, dry_run).await
+    }
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}

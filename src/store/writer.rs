@@ -1,0 +1,212 @@
+//! Writing a stage attempt: `StageWriter` → `PendingCommit` → `CommitMarker`.
+
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStoreExt, PutMode, PutPayload, WriteMultipart};
+
+use crate::schema::Table;
+use crate::store::layout::{self, Partition, StageId};
+use crate::store::marker::{CheckpointRef, CommitMarker, FileEntry, InputRef, MARKER_FORMAT, PolicyRef};
+use crate::store::{CONCURRENCY, Error, Result, RunStore, parquet_io, sha256_hex};
+
+/// Objects above this size are uploaded in parts, so no single request carries them.
+const MULTIPART_THRESHOLD: usize = 16 * 1024 * 1024;
+const MULTIPART_CHUNK: usize = 8 * 1024 * 1024;
+
+/// Writes one attempt's files under attempt-unique names; nothing it writes is visible
+/// until [`PendingCommit::commit`] succeeds.
+pub struct StageWriter<'a> {
+    store: &'a RunStore,
+    stage: StageId,
+    attempt: String,
+    started_at: DateTime<Utc>,
+    files: Vec<FileEntry>,
+    next_seq: u32,
+}
+
+/// What the marker records beyond the files: provenance of the attempt.
+#[derive(Debug, Clone, Default)]
+pub struct CommitInfo {
+    pub run: String,
+    pub inputs: Vec<InputRef>,
+    pub policies_used: Vec<PolicyRef>,
+    pub checkpoints: Vec<CheckpointRef>,
+    pub seed: u64,
+    pub config_sha256: String,
+}
+
+/// A finished attempt whose files are all written and closed, ready to be made visible.
+#[must_use = "the attempt's files stay invisible until it is committed"]
+pub struct PendingCommit<'a> {
+    store: &'a RunStore,
+    stage: StageId,
+    attempt: String,
+    started_at: DateTime<Utc>,
+    files: Vec<FileEntry>,
+}
+
+impl<'a> StageWriter<'a> {
+    pub(crate) fn new(store: &'a RunStore, stage: StageId) -> StageWriter<'a> {
+        StageWriter {
+            store,
+            stage,
+            attempt: uuid::Uuid::new_v4().simple().to_string(),
+            started_at: Utc::now(),
+            files: Vec::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// The id every file of this attempt carries (checkpoint folders include it).
+    pub fn attempt(&self) -> &str {
+        &self.attempt
+    }
+
+    pub fn stage(&self) -> StageId {
+        self.stage
+    }
+
+    /// Writes one Parquet part of `table`. Every batch must have the table's file schema.
+    pub async fn write_table(&mut self, table: Table, partition: Partition, batches: &[RecordBatch]) -> Result<()> {
+        let schema = table.file_schema();
+        if let Some(batch) = batches.iter().find(|b| b.schema() != schema) {
+            return Err(Error::SchemaMismatch { table, detail: schema_difference(&schema, &batch.schema()) });
+        }
+        let path = layout::part_path(table, &partition, self.stage.shard_index(), &self.attempt, self.next_seq);
+        self.next_seq += 1;
+        let encoded = parquet_io::encode(schema, batches).map_err(|source| Error::Parquet {
+            url: self.store.url.clone(),
+            path: path.clone(),
+            source: Box::new(source),
+        })?;
+        let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+        self.put(path, Bytes::from(encoded), Some(table), Some(rows)).await
+    }
+
+    /// Writes any other file of the attempt, such as a checkpoint's weights, at `path`
+    /// relative to the run. The path must carry the attempt id.
+    pub async fn write_file(&mut self, path: String, bytes: Bytes) -> Result<()> {
+        assert!(path.contains(&self.attempt), "{path} does not carry attempt {}", self.attempt);
+        self.put(path, bytes, None, None).await
+    }
+
+    async fn put(&mut self, path: String, bytes: Bytes, table: Option<Table>, rows: Option<u64>) -> Result<()> {
+        let entry = FileEntry { path, bytes: bytes.len() as u64, sha256: sha256_hex(&bytes), table, rows };
+        let location = self.store.path(&entry.path);
+        let object = self.store.object_store();
+        let written = if bytes.len() <= MULTIPART_THRESHOLD {
+            object.put(&location, PutPayload::from_bytes(bytes)).await.map(drop)
+        } else {
+            match object.put_multipart(&location).await {
+                Ok(upload) => {
+                    let mut upload = WriteMultipart::new_with_chunk_size(upload, MULTIPART_CHUNK);
+                    upload.put(bytes);
+                    upload.finish().await.map(drop)
+                }
+                Err(e) => Err(e),
+            }
+        };
+        written.map_err(|e| self.store.object_error("write", &entry.path, e))?;
+        self.files.push(entry);
+        Ok(())
+    }
+
+    /// Ends the attempt: every file it wrote is closed.
+    pub fn finish(self) -> PendingCommit<'a> {
+        PendingCommit {
+            store: self.store,
+            stage: self.stage,
+            attempt: self.attempt,
+            started_at: self.started_at,
+            files: self.files,
+        }
+    }
+}
+
+impl PendingCommit<'_> {
+    pub fn files(&self) -> &[FileEntry] {
+        &self.files
+    }
+
+    /// Makes the attempt's files visible by creating the stage's marker, if no other
+    /// attempt has. Losing that race is [`Error::AlreadyCommitted`].
+    pub async fn commit(self, info: CommitInfo) -> Result<CommitMarker> {
+        self.check_files_still_there().await?;
+        let marker = CommitMarker {
+            format: MARKER_FORMAT,
+            run: info.run,
+            stage: self.stage.stage,
+            iteration: self.stage.iteration,
+            shard: self.stage.shard,
+            attempt: self.attempt,
+            files: self.files,
+            inputs: info.inputs,
+            policies_used: info.policies_used,
+            checkpoints: info.checkpoints,
+            seed: info.seed,
+            config_sha256: info.config_sha256,
+            code_version: crate::CODE_VERSION.to_string(),
+            started_at: self.started_at,
+            finished_at: Utc::now(),
+        };
+        let json = serde_json::to_vec_pretty(&marker).expect("a marker always serialises");
+        let relative = self.stage.marker_path();
+        let created = self
+            .store
+            .object_store()
+            .put_opts(&self.store.path(&relative), PutPayload::from(json), PutMode::Create.into())
+            .await;
+        match created {
+            Ok(_) => Ok(marker),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                Err(Error::AlreadyCommitted { url: self.store.url.clone(), stage: self.stage })
+            }
+            Err(e) => Err(self.store.object_error("create", &relative, e)),
+        }
+    }
+
+    /// A marker must never name a file that is not there, e.g. one `gc` removed while
+    /// the stage ran longer than its grace period.
+    async fn check_files_still_there(&self) -> Result<()> {
+        // Collected first: a lazy map would put a higher-ranked closure in the future's type,
+        // which then is not `Send` for `tokio::spawn`.
+        let checks: Vec<_> = self.files.iter().map(|entry| self.check_file(entry)).collect();
+        futures::stream::iter(checks).buffer_unordered(CONCURRENCY).try_for_each(|()| async { Ok(()) }).await
+    }
+
+    async fn check_file(&self, entry: &FileEntry) -> Result<()> {
+        let lost =
+            || Error::LostBeforeCommit { url: self.store.url.clone(), stage: self.stage, path: entry.path.clone() };
+        match self.store.object_store().head(&self.store.path(&entry.path)).await {
+            Ok(meta) if meta.size == entry.bytes => Ok(()),
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => Err(lost()),
+            Err(e) => Err(self.store.object_error("check", &entry.path, e)),
+        }
+    }
+}
+
+fn schema_difference(expected: &arrow::datatypes::Schema, actual: &arrow::datatypes::Schema) -> String {
+    for field in expected.fields() {
+        match actual.field_with_name(field.name()) {
+            Err(_) => return format!("column {} is missing", field.name()),
+            Ok(got) if got.data_type() != field.data_type() => {
+                return format!("column {} is {}, expected {}", field.name(), got.data_type(), field.data_type());
+            }
+            Ok(got) if got.is_nullable() != field.is_nullable() => {
+                return format!(
+                    "column {} has nullable={}, expected {}",
+                    field.name(),
+                    got.is_nullable(),
+                    field.is_nullable()
+                );
+            }
+            Ok(_) => {}
+        }
+    }
+    if let Some(extra) = actual.fields().iter().find(|f| expected.field_with_name(f.name()).is_err()) {
+        return format!("column {} is not in the schema", extra.name());
+    }
+    "columns are out of order".to_string()
+}
