@@ -3,6 +3,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cli_config;
+mod cli_sql;
 mod independent_reader;
 mod libtorch;
 mod store;

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: the embedded default (Plan-Path 10x10, tool agent + planner, AT-GRPO),
+# built and trained on this machine with nothing downloaded but libtorch.
+# Extra arguments go to `petting pipeline run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-libtorch.sh
+cargo run --locked --quiet -- pipeline run pipelines/plan-path.yaml "$@"

@@ -1,0 +1,124 @@
+//! `petting config` and `petting pipeline run` on good and bad iteration.yaml files.
+
+use std::path::Path;
+
+use crate::support::{repo_root, run};
+
+#[test]
+fn every_shipped_pipeline_is_valid() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo_root().join("pipelines")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let (ok, stdout, stderr) = run(&["config", "check", path.to_str().unwrap()]);
+            assert!(ok && stdout.contains(": ok: "), "{}: {stderr}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "one example per task family, found {checked}");
+}
+
+#[test]
+fn config_show_fills_in_the_defaults() {
+    let path = repo_root().join("pipelines/plan-path.yaml");
+    let (ok, stdout, stderr) = run(&["config", "show", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("clip_epsilon: 0.2") && stdout.contains("std_epsilon:"), "{stdout}");
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+const GOOD: &str = "store: run
+iterations: 1
+env: {name: sudoku}
+workflow: {kind: single_agent}
+agents: {agent: {policy: p}}
+policies: {p: {model: m}}
+data: {train_tasks: 20, test_tasks: 10}
+rollout: {tasks_per_iteration: 4}
+evaluation: {tasks: 10}
+";
+
+#[test]
+fn bad_configs_name_the_file_the_key_and_what_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("malformed.yaml", "store: [run\niterations: 1\n", vec!["malformed.yaml: ", "line"]),
+        (
+            "unknown.yaml",
+            &GOOD.replace("iterations: 1", "iterations: 1\niteration: 2"),
+            vec![
+                "unknown.yaml: iteration: line 3 column 1: unknown field `iteration`, expected one of store, name, seed, iterations",
+            ],
+        ),
+        ("type.yaml", &GOOD.replace("iterations: 1", "iterations: many"), vec!["type.yaml: iterations: "]),
+        (
+            "nested.yaml",
+            &GOOD.replace("{tasks_per_iteration: 4}", "{tasks_per_iteration: 4, sampling: {top_p: high}}"),
+            vec!["nested.yaml: rollout.sampling.top_p: "],
+        ),
+        (
+            "enum.yaml",
+            &GOOD.replace("single_agent", "committee"),
+            vec!["enum.yaml: workflow.kind: ", "committee", "tool_planner"],
+        ),
+        (
+            "range.yaml",
+            &GOOD.replace("{tasks_per_iteration: 4}", "{tasks_per_iteration: 40}"),
+            vec!["range.yaml: rollout.tasks_per_iteration: 40 is more than data.train_tasks (20)"],
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = write(dir.path(), name, text);
+        let (ok, _, stderr) = run(&["config", "check", &path]);
+        assert!(!ok, "{name} was accepted");
+        for needle in expected {
+            assert!(stderr.contains(needle), "{name}: expected {needle:?} in: {stderr}");
+        }
+        assert_eq!(stderr.matches("error: ").count(), 1, "one error paragraph: {stderr}");
+    }
+    let (ok, _, stderr) = run(&["config", "check", dir.path().join("absent.yaml").to_str().unwrap()]);
+    assert!(!ok && stderr.contains("cannot read") && stderr.contains("absent.yaml"), "{stderr}");
+}
+
+#[test]
+fn a_bad_config_leaves_no_run_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "bad.yaml", &GOOD.replace("iterations: 1", "iterations: -1"));
+    let (ok, _, _) = run(&["pipeline", "run", &path]);
+    assert!(!ok);
+    assert!(!dir.path().join("run").exists());
+}
+
+#[test]
+fn a_run_freezes_its_config_and_refuses_a_changed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "it.yaml", GOOD);
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("run file://"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("run/run.yaml")).unwrap(), GOOD);
+
+    // Comments and formatting are not a change.
+    write(dir.path(), "it.yaml", &format!("# same settings\n{GOOD}"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &path]);
+    assert!(ok, "{stderr}");
+
+    write(dir.path(), "it.yaml", &GOOD.replace("iterations: 1", "iterations: 2"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &path]);
+    assert!(
+        !ok && stderr.contains("was started with a different config") && stderr.contains("--allow-config-change"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("run/run.yaml")).unwrap(),
+        GOOD,
+        "the frozen config is untouched"
+    );
+    let (ok, _, stderr) = run(&["pipeline", "run", &path, "--allow-config-change"]);
+    assert!(ok, "{stderr}");
+}

@@ -1,0 +1,215 @@
+//! `petting sql`, `status`, `gc` and `verify` on a committed run, good input and bad.
+
+use std::io::Write;
+use std::process::Stdio;
+
+use petting::schema::Table;
+use petting::store::{Partition, RunStore, Stage, StageId};
+use petting::tables;
+
+use crate::support::{block_on, output_of, petting, run, synthetic};
+
+/// A run with 3 committed iterations of 64 turns each, plus one orphan part.
+fn fixture_run() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = dir.path().join("run").to_string_lossy().into_owned();
+    let store = RunStore::open(&url).unwrap();
+    block_on(async {
+        synthetic::commit_turns(&store, 3, 64, 64).await;
+        let mut orphan = store.begin(StageId::at(Stage::Rollout, 3));
+        let rows = synthetic::turn_rows(3, 10, 1);
+        orphan.write_table(Table::Turns, Partition::Iteration(3), &[tables::to_batch(&rows).unwrap()]).await.unwrap();
+        let _ = orphan.finish();
+    });
+    (dir, url)
+}
+
+const BY_AGENT: &str = "select iteration, agent, count(*) as n from turns where turn = 0 group by iteration, agent order by iteration, agent";
+
+#[test]
+fn a_group_by_prints_an_aligned_table() {
+    let (_dir, url) = fixture_run();
+    let (ok, stdout, stderr) = run(&["sql", &url, BY_AGENT]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("| iteration | agent   | n |"), "{stdout}");
+    assert!(stdout.contains("| 2         | tool    | 8 |"), "{stdout}");
+    assert!(stdout.ends_with("(6 rows)\n"), "iteration 3 is not committed: {stdout}");
+}
+
+#[test]
+fn results_export_as_csv_json_and_parquet() {
+    let (dir, url) = fixture_run();
+    let (ok, csv, stderr) = run(&["sql", &url, BY_AGENT, "--format", "csv"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(csv.lines().take(3).collect::<Vec<_>>(), ["iteration,agent,n", "0,planner,8", "0,tool,8"]);
+
+    let (ok, json, stderr) = run(&["sql", &url, BY_AGENT, "--format", "json"]);
+    assert!(ok, "{stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    assert_eq!(rows.len(), 6);
+    assert_eq!(rows[5], serde_json::json!({"iteration": 2, "agent": "tool", "n": 8}));
+
+    let out = dir.path().join("result.parquet");
+    let (ok, _, stderr) = run(&["sql", &url, BY_AGENT, "--format", "parquet", "--output", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let file = std::fs::File::open(&out).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap();
+    assert_eq!(reader.map(|b| b.unwrap().num_rows()).sum::<usize>(), 6);
+
+    let (ok, _, stderr) = run(&["sql", &url, BY_AGENT, "--format", "parquet"]);
+    assert!(!ok && stderr.contains("--format parquet needs --output FILE"), "{stderr}");
+}
+
+#[test]
+fn every_table_is_registered_with_iteration_as_a_column() {
+    let (_dir, url) = fixture_run();
+    let query = "select table_name from information_schema.tables where table_schema = 'public' order by table_name";
+    let (ok, csv, stderr) = run(&["sql", &url, query, "--format", "csv"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(csv, "table_name\ncheckpoints\ncommits\nevals\ngroups\nsamples\ntasks\nturns\nupdates\n");
+    let (ok, csv, stderr) = run(&["sql", &url, "select count(*) as n from evals", "--format", "csv"]);
+    assert!(ok && csv == "n\n0\n", "an empty table answers: {csv}{stderr}");
+    let (ok, csv, _) = run(&["sql", &url, "select max(iteration) as k from turns", "--format", "csv"]);
+    assert!(ok && csv == "k\n2\n", "{csv}");
+}
+
+#[test]
+fn a_sql_syntax_error_is_reported_and_fails() {
+    let (_dir, url) = fixture_run();
+    let (ok, stdout, stderr) = run(&["sql", &url, "selec agent from turns"]);
+    assert!(!ok && stdout.is_empty());
+    assert!(stderr.starts_with("error: SQL error") && stderr.contains("selec"), "{stderr}");
+}
+
+#[test]
+fn an_unknown_table_lists_the_tables_of_the_run() {
+    let (_dir, url) = fixture_run();
+    let (ok, _, stderr) = run(&["sql", &url, "select * from trajectories"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("trajectories") && stderr.contains("the run's tables are tasks, turns, groups"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_run_or_an_unknown_scheme_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let nowhere = dir.path().join("nothing-here");
+    let (ok, _, stderr) = run(&["sql", nowhere.to_str().unwrap(), "select 1"]);
+    assert!(!ok && stderr.contains("no run at file://") && stderr.contains("nothing-here"), "{stderr}");
+    assert!(!nowhere.exists(), "reading must not create the run");
+
+    let (ok, _, stderr) = run(&["status", "ftp://host/run"]);
+    assert!(!ok && stderr.contains("unsupported run URL \"ftp://host/run\""), "{stderr}");
+}
+
+#[test]
+fn an_unreachable_s3_endpoint_fails_quickly_with_the_cause() {
+    let started = std::time::Instant::now();
+    let output = petting()
+        .args(["status", "s3://bucket/run"])
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let (ok, _, stderr) = output_of(output);
+    assert!(!ok);
+    assert!(stderr.contains("s3://bucket/run") && stderr.contains("_commits"), "{stderr}");
+    assert!(stderr.to_lowercase().contains("connect") || stderr.contains("error sending request"), "{stderr}");
+    assert!(started.elapsed().as_secs() < 120, "gave up after {:?}", started.elapsed());
+}
+
+#[test]
+fn s3_without_credentials_is_refused_before_any_request() {
+    let mut command = petting();
+    for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("AWS_")) {
+        command.env_remove(name);
+    }
+    let (ok, _, stderr) = output_of(command.args(["status", "s3://bucket/run"]).output().unwrap());
+    assert!(!ok);
+    assert!(
+        stderr.contains("cannot open run \"s3://bucket/run\": no credentials are configured; set AWS_ACCESS_KEY_ID"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_interactive_prompt_runs_multi_line_statements() {
+    let (_dir, url) = fixture_run();
+    let mut child = petting()
+        .args(["sql", &url])
+        .env("XDG_STATE_HOME", _dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"select count(*) as n\n  from turns;\nselec oops;\n\\d\nselect 41 + 1 as answer;\n\\q\n")
+        .unwrap();
+    let (ok, stdout, stderr) = output_of(child.wait_with_output().unwrap());
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("| 192 |"), "{stdout}");
+    assert!(stdout.contains("| 42     |"), "the prompt goes on after an error: {stdout}");
+    assert!(stderr.contains("error: SQL error"), "{stderr}");
+    assert!(stdout.contains("turns        One row per sampled candidate"), "{stdout}");
+    let history = std::fs::read_to_string(_dir.path().join("petting/sql_history")).unwrap();
+    assert!(history.contains("select 41 + 1 as answer;"), "{history}");
+}
+
+#[test]
+fn status_shows_committed_stages_per_iteration() {
+    let (_dir, url) = fixture_run();
+    let (ok, stdout, stderr) = run(&["status", &url]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("run file://"), "{stdout}");
+    let rollout_2 = lines.iter().find(|l| l.trim_start().starts_with("2") && l.contains("rollout")).unwrap();
+    assert!(rollout_2.contains("committed") && rollout_2.contains(" 64 "), "{rollout_2}");
+    let group_2 = lines.iter().find(|l| l.trim_start().starts_with("2") && l.contains("group")).unwrap();
+    assert!(!group_2.contains("committed"), "{group_2}");
+    assert!(!stdout.contains("\n 3 "), "iteration 3 has no marker: {stdout}");
+}
+
+#[test]
+fn gc_removes_the_orphan_and_verify_then_passes() {
+    let (_dir, url) = fixture_run();
+    let (ok, stdout, stderr) = run(&["gc", &url]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("deleted 0 uncommitted files") && stdout.contains("spared 1"), "{stdout}");
+    let (ok, stdout, stderr) = run(&["gc", &url, "--grace", "0s"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("deleted turns/iteration=3/part-0-") && stdout.contains("deleted 1 uncommitted files"),
+        "{stdout}"
+    );
+    assert!(!std::path::Path::new(&url).join("turns/iteration=3").exists(), "empty folders go too");
+    let (ok, stdout, _) = run(&["verify", &url]);
+    assert!(ok && stdout.contains("3 committed files match"), "{stdout}");
+}
+
+#[test]
+fn verify_and_sql_name_a_truncated_file() {
+    let (_dir, url) = fixture_run();
+    let part = std::fs::read_dir(std::path::Path::new(&url).join("turns/iteration=1"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bytes = std::fs::read(&part).unwrap();
+    std::fs::write(&part, &bytes[..bytes.len() - 100]).unwrap();
+    let name = part.file_name().unwrap().to_string_lossy().into_owned();
+    let (ok, _, stderr) = run(&["verify", &url]);
+    assert!(!ok && stderr.contains(&name) && stderr.contains("corrupt"), "{stderr}");
+    let (ok, _, stderr) = run(&["sql", &url, "select count(*) from turns"]);
+    assert!(!ok && stderr.contains(&name), "{stderr}");
+    let (ok, _, stderr) = run(&["sql", &url, "select count(*) from turns where iteration = 2"]);
+    assert!(ok, "a query that prunes the damaged partition still answers: {stderr}");
+}
