@@ -731,6 +731,26 @@ impl LoadedConfig {
             self.resolve(Path::new(store)).to_string_lossy().into_owned()
         }
     }
+
+    /// The config as a run freezes it: every default filled in and every local path
+    /// absolute, so stages reading it from the store need nothing else.
+    pub fn resolved(&self) -> RunConfig {
+        let mut config = self.config.clone();
+        config.store = self.store_url();
+        for policy in config.policies.values_mut() {
+            policy.model = absolute(&self.resolve(&policy.model));
+        }
+        for file in [&mut config.data.train_file, &mut config.data.test_file].into_iter().flatten() {
+            file.path = absolute(&self.resolve(&file.path));
+        }
+        config
+    }
+
+    /// The text of `run.yaml`: the resolved config as YAML, with where it came from.
+    pub fn frozen_yaml(&self) -> String {
+        let yaml = serde_saphyr::to_string(&self.resolved()).expect("a config always serialises");
+        format!("# Frozen by {} from {}\n{yaml}", crate::CODE_VERSION, absolute(&self.file).display())
+    }
 }
 
 /// Reads, parses and validates a config file.
@@ -757,6 +777,10 @@ pub fn parse(text: &str, file: &Path) -> Result<RunConfig, Error> {
     })?;
     config.validate().map_err(|(key, message)| Error::Invalid { file: file.to_path_buf(), key, message })?;
     Ok(config)
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 type Invalid = (String, String);
@@ -1084,6 +1108,20 @@ policies:
     fn demonstration_shares_must_sum_to_one() {
         let message = error_of(&MINIMAL.replace("name: plan_path", "name: plan_path, demonstrations: {tool_bfs: 0.5}"));
         assert!(message.contains("env.demonstrations: the tool_* shares sum to 1.35"), "{message}");
+    }
+
+    #[test]
+    fn the_frozen_config_parses_back_with_absolute_paths() {
+        let loaded = LoadedConfig {
+            config: parse_str(MINIMAL).unwrap(),
+            text: MINIMAL.into(),
+            file: "/etc/petting/it.yaml".into(),
+        };
+        let frozen = parse(&loaded.frozen_yaml(), Path::new("run.yaml")).unwrap();
+        assert_eq!(frozen.store, "/etc/petting/runs/x");
+        assert_eq!(frozen.policies["shared"].model, Path::new("/etc/petting/../checkpoints/tiny"));
+        assert_eq!(frozen.rollout, loaded.config.rollout);
+        assert_eq!(frozen, loaded.resolved());
     }
 
     #[test]

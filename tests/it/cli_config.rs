@@ -95,13 +95,16 @@ fn a_bad_config_leaves_no_run_behind() {
 }
 
 #[test]
-fn a_run_freezes_its_config_and_refuses_a_changed_one() {
+fn a_run_freezes_its_resolved_config_and_refuses_a_changed_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "it.yaml", GOOD);
     let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("run file://"), "{stdout}");
-    assert_eq!(std::fs::read_to_string(dir.path().join("run/run.yaml")).unwrap(), GOOD);
+    let frozen = std::fs::read_to_string(dir.path().join("run/run.yaml")).unwrap();
+    let model = dir.path().join("m");
+    assert!(frozen.contains(&format!("model: {}", model.display())), "paths become absolute: {frozen}");
+    assert!(frozen.contains("clip_epsilon: 0.2"), "defaults are filled in: {frozen}");
 
     // Comments and formatting are not a change.
     write(dir.path(), "it.yaml", &format!("# same settings\n{GOOD}"));
@@ -116,7 +119,7 @@ fn a_run_freezes_its_config_and_refuses_a_changed_one() {
     );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("run/run.yaml")).unwrap(),
-        GOOD,
+        frozen,
         "the frozen config is untouched"
     );
     let (ok, _, stderr) = run(&["pipeline", "run", &path, "--allow-config-change"]);
