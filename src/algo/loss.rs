@@ -1,0 +1,129 @@
+//! The PPO-clip policy loss, token by token, with CleanRL's names.
+//!
+//! `update` computes the same terms on tensors; a test there keeps the two equal.
+
+/// One token's contribution and diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenTerms {
+    pub ratio: f64,
+    /// max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)).
+    pub pg_loss: f64,
+    /// |ratio - 1| > eps.
+    pub clipped: bool,
+    /// (ratio - 1) - log(ratio), an unbiased, non-negative KL estimate.
+    pub approx_kl: f64,
+}
+
+pub fn ppo_clip_token(logp_new: f64, logp_old: f64, advantage: f64, clip_epsilon: f64) -> TokenTerms {
+    let logratio = logp_new - logp_old;
+    let ratio = logratio.exp();
+    let pg_loss1 = -advantage * ratio;
+    let pg_loss2 = -advantage * ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon);
+    TokenTerms {
+        ratio,
+        pg_loss: pg_loss1.max(pg_loss2),
+        clipped: (ratio - 1.0).abs() > clip_epsilon,
+        approx_kl: (ratio - 1.0) - logratio,
+    }
+}
+
+/// How token losses become one number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Aggregation {
+    /// Mean over every response token of the mini-batch (AT-GRPO, GRPO, DAPO).
+    TokenMean,
+    /// Sum over each sequence's tokens divided by a constant, then the mean over
+    /// sequences (Dr.GRPO): long and short responses weigh per token alike.
+    SequenceSum { normaliser: f64 },
+}
+
+/// Mini-batch summary of the PPO-clip terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PpoSummary {
+    pub loss: f64,
+    pub clip_fraction: f64,
+    pub approx_kl: f64,
+    pub ratio_mean: f64,
+    pub ratio_max: f64,
+    pub tokens: usize,
+}
+
+/// `sequences[i]` holds (logp_new, logp_old) per response token and the sequence's advantage.
+pub fn ppo_clip_loss(sequences: &[(&[(f64, f64)], f64)], clip_epsilon: f64, aggregation: Aggregation) -> PpoSummary {
+    let terms: Vec<Vec<TokenTerms>> = sequences
+        .iter()
+        .map(|(tokens, advantage)| {
+            tokens.iter().map(|(new, old)| ppo_clip_token(*new, *old, *advantage, clip_epsilon)).collect()
+        })
+        .collect();
+    let all: Vec<&TokenTerms> = terms.iter().flatten().collect();
+    let tokens = all.len();
+    let mean = |f: &dyn Fn(&TokenTerms) -> f64| all.iter().map(|t| f(t)).sum::<f64>() / tokens.max(1) as f64;
+    let loss = match aggregation {
+        Aggregation::TokenMean => mean(&|t| t.pg_loss),
+        Aggregation::SequenceSum { normaliser } => {
+            let per_sequence: f64 =
+                terms.iter().map(|seq| seq.iter().map(|t| t.pg_loss).sum::<f64>() / normaliser).sum();
+            per_sequence / sequences.len().max(1) as f64
+        }
+    };
+    PpoSummary {
+        loss,
+        clip_fraction: mean(&|t| f64::from(u8::from(t.clipped))),
+        approx_kl: mean(&|t| t.approx_kl),
+        ratio_mean: mean(&|t| t.ratio),
+        ratio_max: all.iter().map(|t| t.ratio).fold(f64::NEG_INFINITY, f64::max),
+        tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LN_1_5: f64 = 0.4054651081081644;
+    const LN_0_5: f64 = -0.6931471805599453;
+    const LN_1_1: f64 = 0.09531017980432493;
+
+    #[test]
+    fn the_clip_binds_only_where_it_limits_improvement() {
+        // Ratio 1.5 with A = +1: clipped to 1.2 -> -1.2.
+        let t = ppo_clip_token(LN_1_5, 0.0, 1.0, 0.2);
+        assert!((t.pg_loss + 1.2).abs() < 1e-12 && t.clipped);
+        // Ratio 0.5 with A = +1: the unclipped -0.5 is the larger loss and stays.
+        let t = ppo_clip_token(LN_0_5, 0.0, 1.0, 0.2);
+        assert!((t.pg_loss + 0.5).abs() < 1e-12 && t.clipped);
+        // Ratio 1.1 with A = -1: inside the range, 1.1.
+        let t = ppo_clip_token(LN_1_1, 0.0, -1.0, 0.2);
+        assert!((t.pg_loss - 1.1).abs() < 1e-12 && !t.clipped);
+    }
+
+    #[test]
+    fn token_mean_summary_matches_the_hand_computation() {
+        let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
+        let b = [(LN_1_1, 0.0)];
+        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], 0.2, Aggregation::TokenMean);
+        assert!((summary.loss - (-1.2 - 0.5 + 1.1) / 3.0).abs() < 1e-12, "{summary:?}");
+        assert!((summary.clip_fraction - 2.0 / 3.0).abs() < 1e-12);
+        assert!((summary.approx_kl - 0.09745729754915201).abs() < 1e-12);
+        assert!((summary.ratio_mean - (1.5 + 0.5 + 1.1) / 3.0).abs() < 1e-12);
+        assert!((summary.ratio_max - 1.5).abs() < 1e-12);
+        assert_eq!(summary.tokens, 3);
+    }
+
+    #[test]
+    fn sequence_sum_divides_each_sequence_by_the_constant() {
+        let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
+        let b = [(LN_1_1, 0.0)];
+        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], 0.2, Aggregation::SequenceSum { normaliser: 4.0 });
+        // ((-1.2 - 0.5) / 4 + 1.1 / 4) / 2.
+        assert!((summary.loss - (-0.6 / 4.0) / 2.0).abs() < 1e-12, "{summary:?}");
+    }
+
+    #[test]
+    fn on_policy_ratios_are_one_and_the_loss_is_minus_the_mean_advantage() {
+        let tokens = [(-1.0, -1.0), (-2.0, -2.0)];
+        let summary = ppo_clip_loss(&[(&tokens, 0.5)], 0.2, Aggregation::TokenMean);
+        assert_eq!((summary.loss, summary.clip_fraction, summary.approx_kl, summary.ratio_max), (-0.5, 0.0, 0.0, 1.0));
+    }
+}
