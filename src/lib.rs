@@ -7,6 +7,7 @@ pub mod algo;
 pub mod config;
 pub mod schema;
 pub mod sql;
+pub mod stages;
 pub mod store;
 pub mod tables;
 

@@ -44,8 +44,17 @@ pub struct RunSql {
 impl RunSql {
     /// Reads the run's commit markers and registers its tables.
     pub async fn open(store: &RunStore) -> Result<RunSql, Error> {
+        RunSql::open_with(store, SessionConfig::new().with_information_schema(true)).await
+    }
+
+    /// A session for stages: one partition, so aggregates add rows in file order and
+    /// re-running a stage reproduces its tables bit for bit.
+    pub async fn open_deterministic(store: &RunStore) -> Result<RunSql, Error> {
+        RunSql::open_with(store, SessionConfig::new().with_target_partitions(1)).await
+    }
+
+    async fn open_with(store: &RunStore, config: SessionConfig) -> Result<RunSql, Error> {
         let markers = store.ensure_exists().await?;
-        let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
         let view_url = url::Url::parse(VIEW_URL).expect("a valid URL");
         ctx.register_object_store(&view_url, Arc::new(CommittedView::new(store, &markers)));

@@ -21,6 +21,23 @@ pub fn to_batch<R: Row>(rows: &[R]) -> Result<RecordBatch, serde_arrow::Error> {
     serde_arrow::to_record_batch(R::TABLE.file_schema().fields(), &rows)
 }
 
+/// Casts a query result to the table's file schema: columns picked by name in schema
+/// order and cast to the declared types; a null in a non-nullable column is an error.
+pub fn conform(batch: &RecordBatch, table: Table) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let schema = table.file_schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let column = batch.column_by_name(field.name()).ok_or_else(|| {
+                arrow::error::ArrowError::SchemaError(format!("the result has no column {}", field.name()))
+            })?;
+            arrow::compute::cast(column, field.data_type())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema, columns)
+}
+
 /// Reads rows back; columns the row type does not name (such as partition columns
 /// added by SQL) are ignored.
 pub fn from_batch<R: Row>(batch: &RecordBatch) -> Result<Vec<R>, serde_arrow::Error> {

@@ -18,6 +18,8 @@ pub enum Command {
     /// Run a pipeline.
     #[command(subcommand)]
     Pipeline(PipelineCommand),
+    /// Run one stage of an existing run by itself (the pipeline runs them in order).
+    Stage(StageArgs),
     /// Check or show an iteration.yaml.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -46,6 +48,27 @@ pub struct PipelineRunArgs {
     /// Resume a run even though its iteration.yaml changed since it started.
     #[arg(long)]
     pub allow_config_change: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StageArgs {
+    /// The stage to run.
+    #[arg(value_enum)]
+    pub stage: StageName,
+    /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
+    #[arg(long)]
+    pub run: String,
+    /// The iteration, for per-iteration stages.
+    #[arg(long)]
+    pub iteration: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StageName {
+    /// Group the iteration's candidates and compute group statistics.
+    Group,
+    /// Compute advantages and route samples to their policies.
+    Advantage,
 }
 
 #[derive(Debug, Subcommand)]

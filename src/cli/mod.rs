@@ -6,6 +6,7 @@ mod gc;
 mod pipeline;
 mod schema;
 mod sql;
+mod stage;
 mod status;
 
 use std::process::ExitCode;
@@ -42,6 +43,7 @@ pub fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Pipeline(PipelineCommand::Run(args)) => pipeline::run(args).await,
+        Command::Stage(args) => stage::run(args).await,
         Command::Config(ConfigCommand::Check { config }) => config::check(&config),
         Command::Config(ConfigCommand::Show { config }) => config::show(&config),
         Command::Sql(args) => sql::run(args).await,

@@ -178,6 +178,26 @@ impl RunStore {
         Ok(StoredMarker { sha256: sha256_hex(bytes), path, marker })
     }
 
+    /// The markers of a stage of one iteration once it is committed: its one marker, or
+    /// every shard's marker when it ran sharded and all shards are in. None otherwise.
+    pub async fn committed(&self, stage: Stage, iteration: Option<u32>) -> Result<Option<Vec<StoredMarker>>> {
+        let whole = match iteration {
+            Some(k) => StageId::at(stage, k),
+            None => StageId::run_level(stage),
+        };
+        if let Some(marker) = self.marker(&whole).await? {
+            return Ok(Some(vec![marker]));
+        }
+        let shards: Vec<StoredMarker> = self
+            .markers()
+            .await?
+            .into_iter()
+            .filter(|m| m.marker.stage == stage && m.marker.iteration == iteration)
+            .collect();
+        let expected = shards.first().and_then(|m| m.marker.shard).map(|s| s.count as usize);
+        Ok(expected.filter(|&count| shards.len() == count).map(|_| shards))
+    }
+
     /// Every commit marker of the run, sorted by stage order.
     pub async fn markers(&self) -> Result<Vec<StoredMarker>> {
         let prefix = self.path(layout::COMMITS_DIR);

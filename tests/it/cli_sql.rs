@@ -213,3 +213,41 @@ fn verify_and_sql_name_a_truncated_file() {
     let (ok, _, stderr) = run(&["sql", &url, "select count(*) from turns where iteration = 2"]);
     assert!(ok, "a query that prunes the damaged partition still answers: {stderr}");
 }
+
+#[test]
+fn stages_run_alone_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("it.yaml");
+    std::fs::write(
+        &config,
+        "store: run\niterations: 1\nenv: {name: plan_path}\nworkflow: {kind: tool_planner}\n\
+         agents: {tool: {policy: shared}, planner: {policy: shared}}\npolicies: {shared: {model: m}}\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = run(&["pipeline", "run", config.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let url = dir.path().join("run").to_string_lossy().into_owned();
+    block_on(synthetic::commit_turns(&RunStore::open(&url).unwrap(), 1, 128, 128));
+
+    let (ok, _, stderr) = run(&["stage", "advantage", "--run", &url, "--iteration", "0"]);
+    assert!(!ok && stderr.contains("advantage of iteration 0 needs group of iteration 0 committed first"), "{stderr}");
+    let (ok, stdout, stderr) = run(&["stage", "group", "--run", &url, "--iteration", "0"]);
+    assert!(ok && stdout.starts_with("committed group of iteration 0: 16 rows in 1 files"), "{stdout}{stderr}");
+    let (ok, stdout, stderr) = run(&["stage", "advantage", "--run", &url, "--iteration", "0"]);
+    assert!(ok && stdout.starts_with("committed advantage of iteration 0: 128 rows"), "{stdout}{stderr}");
+    let files_before = walk(dir.path()).len();
+    let (ok, _, stderr) = run(&["stage", "group", "--run", &url, "--iteration", "0"]);
+    assert!(!ok && stderr.contains("group of iteration 0 is already committed"), "{stderr}");
+    assert_eq!(walk(dir.path()).len(), files_before, "a refused stage writes nothing");
+    let (ok, _, stderr) = run(&["stage", "group", "--run", &url]);
+    assert!(!ok && stderr.contains("give --iteration K"), "{stderr}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
+}

@@ -1,0 +1,50 @@
+//! advantage: each kept candidate's advantage, routed to its policy as `samples`.
+//!
+//! The estimators of `algo::advantage` as window functions over the candidate's
+//! group; groups without signal (one member, all rewards equal) get zero.
+
+use crate::config::{Algorithm, RunConfig};
+use crate::schema::Table;
+use crate::store::{CommitMarker, RunStore, Stage, StageId};
+
+use super::group::scored_sql;
+use super::{Error, commit_query, inputs, sql_float, verify_inputs};
+
+pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<CommitMarker, Error> {
+    let stage = StageId::at(Stage::Advantage, iteration);
+    let mut read = inputs(store, stage, Stage::Rollout, iteration).await?;
+    read.extend(inputs(store, stage, Stage::Group, iteration).await?);
+    verify_inputs(store, &read).await?;
+    commit_query(store, stage, Table::Samples, &query(config, iteration), config, &read).await
+}
+
+/// `algo::advantage::advantages` over the window columns of `query`.
+fn advantage_sql(algorithm: Algorithm, std_epsilon: f64) -> String {
+    match algorithm {
+        Algorithm::AtGrpo | Algorithm::Grpo => format!("(reward - g_mean) / (g_std + {})", sql_float(std_epsilon)),
+        Algorithm::DrGrpo | Algorithm::Magrpo => "reward - g_mean".to_string(),
+        Algorithm::Marloo => "reward - (g_sum - reward) / (g_size - 1)".to_string(),
+        Algorithm::Maremax => "reward - g_max".to_string(),
+    }
+}
+
+fn query(config: &RunConfig, iteration: u32) -> String {
+    let advantage = advantage_sql(config.algorithm.name, config.algorithm.std_epsilon);
+    format!(
+        "WITH scored AS ({scored}),
+         windowed AS (
+           SELECT candidate_id, group_id, agent, policy, policy_version, reward,
+                  cardinality(response_tokens) AS response_token_count,
+                  count(*) OVER g AS g_size, avg(reward) OVER g AS g_mean,
+                  coalesce(stddev_samp(reward) OVER g, 0.0) AS g_std,
+                  sum(reward) OVER g AS g_sum, max(reward) OVER g AS g_max, min(reward) OVER g AS g_min
+           FROM scored WINDOW g AS (PARTITION BY group_id)),
+         kept AS (SELECT group_id FROM groups WHERE iteration = {iteration} AND kept)
+         SELECT candidate_id, w.group_id, agent, policy, policy_version, reward AS mixed_reward,
+                CASE WHEN g_size < 2 OR g_min = g_max THEN 0.0 ELSE {advantage} END AS advantage,
+                response_token_count
+         FROM windowed w JOIN kept ON w.group_id = kept.group_id
+         ORDER BY candidate_id",
+        scored = scored_sql(config, iteration),
+    )
+}

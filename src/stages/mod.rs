@@ -1,0 +1,97 @@
+//! The pipeline's stages. Each is a plain function that reads committed tables of a
+//! run, writes its own, and commits them; no stage calls another.
+
+pub mod advantage;
+pub mod group;
+
+use std::path::Path;
+
+use arrow::record_batch::RecordBatch;
+
+use crate::config::{self, RunConfig};
+use crate::schema::Table;
+use crate::sql::RunSql;
+use crate::store::{self, CommitInfo, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
+
+/// Why a stage could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] store::Error),
+
+    #[error(transparent)]
+    Sql(#[from] crate::sql::Error),
+
+    #[error(transparent)]
+    Config(#[from] config::Error),
+
+    #[error("{url} has no run.yaml; create the run with `petting pipeline run iteration.yaml`")]
+    NoConfig { url: String },
+
+    #[error("{stage} needs {needs} of iteration {iteration} committed first")]
+    NotReady { stage: StageId, needs: Stage, iteration: u32 },
+
+    #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
+    Conform { stage: StageId, table: Table, detail: String },
+}
+
+/// The run's frozen config.
+pub async fn run_config(store: &RunStore) -> Result<RunConfig, Error> {
+    let text = store.run_config().await?.ok_or_else(|| Error::NoConfig { url: store.url().to_string() })?;
+    Ok(config::parse(&text, &Path::new(store.url()).join(store::layout::RUN_CONFIG))?)
+}
+
+/// The markers of `needs` in `iteration`, or the error saying `stage` must wait for them.
+/// A stage that is already committed is refused here, before any work: its commit
+/// would lose anyway, leaving only orphans.
+async fn inputs(store: &RunStore, stage: StageId, needs: Stage, iteration: u32) -> Result<Vec<StoredMarker>, Error> {
+    if store.marker(&stage).await?.is_some() {
+        return Err(store::Error::AlreadyCommitted { url: store.url().to_string(), stage }.into());
+    }
+    store.committed(needs, Some(iteration)).await?.ok_or(Error::NotReady { stage, needs, iteration })
+}
+
+/// Checks every file of the input markers against its size and sha256: SQL reads
+/// through the committed view, which checks sizes only.
+async fn verify_inputs(store: &RunStore, markers: &[StoredMarker]) -> Result<(), Error> {
+    for entry in markers.iter().flat_map(|m| &m.marker.files) {
+        store.read_file(entry).await?;
+    }
+    Ok(())
+}
+
+/// Runs `query` over the run and commits its result as `table` of `stage`.
+async fn commit_query(
+    store: &RunStore,
+    stage: StageId,
+    table: Table,
+    query: &str,
+    config: &RunConfig,
+    inputs: &[StoredMarker],
+) -> Result<store::CommitMarker, Error> {
+    let sql = RunSql::open_deterministic(store).await?;
+    let (_, batches) = sql.query(query).await?;
+    let conformed = batches
+        .iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| crate::tables::conform(b, table))
+        .collect::<Result<Vec<RecordBatch>, _>>()
+        .map_err(|e| Error::Conform { stage, table, detail: e.to_string() })?;
+    let mut writer = store.begin(stage);
+    let iteration = stage.iteration.expect("a per-iteration stage");
+    writer.write_table(table, Partition::Iteration(iteration), &conformed).await?;
+    let info = CommitInfo {
+        run: config.run_name(),
+        inputs: inputs.iter().map(StoredMarker::input_ref).collect::<Vec<InputRef>>(),
+        seed: config.seed,
+        config_sha256: config.sha256(),
+        ..CommitInfo::default()
+    };
+    Ok(writer.finish().commit(info).await?)
+}
+
+/// A float as a SQL literal that keeps every bit.
+fn sql_float(value: f64) -> String {
+    format!("CAST({value:?} AS DOUBLE)")
+}
