@@ -82,7 +82,7 @@ mod tests {
     use super::*;
 
     const LN_1_5: f64 = 0.4054651081081644;
-    const LN_0_5: f64 = -0.6931471805599453;
+    const LN_0_5: f64 = -std::f64::consts::LN_2;
     const LN_1_1: f64 = 0.09531017980432493;
 
     #[test]
