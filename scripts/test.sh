@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs libtorch and the Python tools the
-# tests compare against (each once, cached in ignored folders), then runs every test.
+# tests compare against (each once, cached in ignored folders), starts an S3-compatible
+# server on 127.0.0.1 for the store tests, then runs every test.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh store::).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,5 +9,9 @@ cd "$(dirname "$0")/.."
 scripts/install-libtorch.sh
 scripts/install-python-tools.sh
 export PETTING_PYTHON="$PWD/.venv/bin/python"
+
+eval "$(scripts/s3-test-server.sh start)"
+trap 'scripts/s3-test-server.sh stop' EXIT
+export PETTING_REQUIRE_S3=1
 
 cargo test --locked "$@"

@@ -16,6 +16,10 @@ use clap::Parser;
 use args::{Cli, Command, ConfigCommand, PipelineCommand};
 
 pub fn main() -> ExitCode {
+    // Like other Unix tools, stop quietly when the reader of our output goes away
+    // (`petting sql … | head`) instead of failing on the broken pipe.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PETTING_LOG").unwrap_or_else(|_| "warn".into()))

@@ -251,3 +251,44 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+#[test]
+fn a_run_on_s3_is_created_queried_and_collected_through_the_cli() {
+    let Some((endpoint, bucket)) = crate::support::s3_server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("s3://{bucket}/cli-{}", uuid::Uuid::new_v4().simple());
+    let config = dir.path().join("it.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "store: {url}\niterations: 1\nenv: {{name: plan_path}}\nworkflow: {{kind: tool_planner}}\n\
+             agents: {{tool: {{policy: shared}}, planner: {{policy: shared}}}}\npolicies: {{shared: {{model: m}}}}\n"
+        ),
+    )
+    .unwrap();
+    let cli = |args: &[&str]| output_of(petting().args(args).envs(crate::support::s3_env(&endpoint)).output().unwrap());
+    let (ok, stdout, stderr) = cli(&["pipeline", "run", config.to_str().unwrap()]);
+    assert!(ok && stdout.contains(&format!("run {url}")), "{stdout}{stderr}");
+
+    let store = crate::support::s3_run_store().unwrap();
+    let store = RunStore::from_object_store(
+        store.object_store().clone(),
+        url.split_once(&bucket).unwrap().1.trim_start_matches('/'),
+        &url,
+    );
+    block_on(synthetic::commit_turns(&store, 2, 64, 64));
+    let (ok, csv, stderr) = cli(&[
+        "sql",
+        &url,
+        "select iteration, count(*) as n from turns group by iteration order by 1",
+        "--format",
+        "csv",
+    ]);
+    assert!(ok && csv == "iteration,n\n0,64\n1,64\n", "{csv}{stderr}");
+    let (ok, stdout, stderr) = cli(&["stage", "group", "--run", &url, "--iteration", "1"]);
+    assert!(ok && stdout.contains("committed group of iteration 1"), "{stdout}{stderr}");
+    let (ok, stdout, _) = cli(&["verify", &url]);
+    assert!(ok && stdout.contains("3 committed files match"), "{stdout}");
+    let (ok, stdout, _) = cli(&["gc", &url, "--grace", "0s"]);
+    assert!(ok && stdout.contains("deleted 0 uncommitted files"), "{stdout}");
+}

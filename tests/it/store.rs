@@ -1,4 +1,5 @@
-//! The run store's contract, checked on every local backend (in memory, on disk).
+//! The run store's contract, checked on every backend: in memory, on disk, and a real
+//! S3-compatible server (SeaweedFS on 127.0.0.1, started by scripts/test.sh).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +26,9 @@ fn backends() -> Vec<Backend> {
     let dir = tempfile::tempdir().unwrap();
     let local = RunStore::open(dir.path().join("run").to_str().unwrap()).unwrap();
     let memory = RunStore::from_object_store(Arc::new(InMemory::new()), "runs/a", "memory://runs/a");
-    vec![Backend { store: memory, _dir: None }, Backend { store: local, _dir: Some(dir) }]
+    let mut backends = vec![Backend { store: memory, _dir: None }, Backend { store: local, _dir: Some(dir) }];
+    backends.extend(crate::support::s3_run_store().map(|store| Backend { store, _dir: None }));
+    backends
 }
 
 fn info() -> CommitInfo {

@@ -30,6 +30,48 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The S3-compatible test server that scripts/test.sh starts, if any: (endpoint, bucket).
+/// With PETTING_REQUIRE_S3 set (scripts/test.sh sets it), a missing server fails the test.
+pub fn s3_server() -> Option<(String, String)> {
+    match (std::env::var("PETTING_TEST_S3_ENDPOINT"), std::env::var("PETTING_TEST_S3_BUCKET")) {
+        (Ok(endpoint), Ok(bucket)) => Some((endpoint, bucket)),
+        _ if std::env::var_os("PETTING_REQUIRE_S3").is_some() => {
+            panic!("PETTING_REQUIRE_S3 is set but no S3 test server is")
+        }
+        _ => {
+            eprintln!("no S3 test server (scripts/test.sh starts one): S3 checks skipped");
+            None
+        }
+    }
+}
+
+/// Credentials and endpoint for a `petting` process talking to the test server.
+pub fn s3_env(endpoint: &str) -> [(&'static str, String); 4] {
+    [
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+        ("AWS_ACCESS_KEY_ID", "petting".into()),
+        ("AWS_SECRET_ACCESS_KEY", "petting".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ]
+}
+
+/// A fresh run under a unique prefix of the S3 test server.
+pub fn s3_run_store() -> Option<petting::store::RunStore> {
+    let (endpoint, bucket) = s3_server()?;
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(&endpoint)
+        .with_bucket_name(&bucket)
+        .with_region("us-east-1")
+        .with_access_key_id("petting")
+        .with_secret_access_key("petting")
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    let prefix = format!("runs/{}", uuid::Uuid::new_v4().simple());
+    let url = format!("s3://{bucket}/{prefix}");
+    Some(petting::store::RunStore::from_object_store(std::sync::Arc::new(store), &prefix, &url))
+}
+
 /// A single-threaded runtime for tests that call the async library directly.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(future)
