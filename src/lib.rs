@@ -4,6 +4,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod config;
+pub mod model;
 pub mod schema;
 pub mod sql;
 pub mod store;

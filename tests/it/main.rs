@@ -7,4 +7,5 @@ mod cli_config;
 mod cli_sql;
 mod independent_reader;
 mod libtorch;
+mod model;
 mod store;
