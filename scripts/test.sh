@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install-libtorch.sh
 scripts/install-python-tools.sh
+scripts/install-test-models.sh
 export PETTING_PYTHON="$PWD/.venv/bin/python"
 
 eval "$(scripts/s3-test-server.sh start)"

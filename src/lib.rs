@@ -5,6 +5,7 @@
 
 pub mod algo;
 pub mod config;
+pub mod model;
 pub mod schema;
 pub mod sql;
 pub mod stages;

@@ -33,6 +33,104 @@ pub enum Command {
     Verify(RunArgs),
     /// Describe the tables a run holds and their columns.
     Schema(SchemaArgs),
+    /// Inspect, run and import policy models (Hugging Face folders).
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Print a model folder's architecture, parameter count and dtype as JSON.
+    Info {
+        /// A Hugging Face folder (config.json, *.safetensors).
+        dir: PathBuf,
+    },
+    /// Generate from a prompt or a chat; prints one JSON object per sequence:
+    /// {"text", "token_ids", "logprobs", "finish_reason"}.
+    Generate(ModelGenerateArgs),
+    /// Per-token logprobs of responses: reads JSON lines {"prompt_ids": [...], "response_ids": [...]}
+    /// and prints each line with "logprobs" added.
+    Score(ModelScoreArgs),
+    /// Convert a GGUF file (llama.cpp) into a Hugging Face folder.
+    ImportGguf(ImportGgufArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ModelLoadArgs {
+    /// A Hugging Face folder (config.json, *.safetensors, tokenizer.json).
+    pub dir: PathBuf,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Weight dtype (f32, bf16, f16); f32 on CPU and bf16 on CUDA when absent.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// A PEFT LoRA adapter folder to apply.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ModelGenerateArgs {
+    #[command(flatten)]
+    pub model: ModelLoadArgs,
+    /// Plain text prompt (tokenised with the tokenizer's special tokens).
+    #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
+    pub prompt: Option<String>,
+    /// A conversation as JSON, [{"role": "user", "content": "..."}], rendered with the chat template.
+    #[arg(long)]
+    pub chat: Option<String>,
+    /// With --chat: Qwen3's enable_thinking (true or false); unset when absent.
+    #[arg(long)]
+    pub enable_thinking: Option<bool>,
+    /// New tokens at most.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Greedy decoding (the default unless --temperature is given).
+    #[arg(long, conflicts_with_all = ["temperature", "top_p", "top_k"])]
+    pub greedy: bool,
+    /// Sampling temperature.
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// Nucleus threshold.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Seed of the first sequence; sequence i uses seed + i.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sequences to sample from the prompt.
+    #[arg(long, default_value_t = 1)]
+    pub num_sequences: usize,
+    /// Stop after any of these strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ModelScoreArgs {
+    #[command(flatten)]
+    pub model: ModelLoadArgs,
+    /// JSON lines with prompt_ids and response_ids.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Padded tokens per forward (micro-batch budget).
+    #[arg(long, default_value_t = 8192)]
+    pub max_tokens: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ImportGgufArgs {
+    /// The .gguf file.
+    pub file: PathBuf,
+    /// The folder to write.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Weight dtype of the written safetensors (f32 or bf16).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
 }
 
 #[derive(Debug, Subcommand)]

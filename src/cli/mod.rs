@@ -3,6 +3,7 @@
 mod args;
 mod config;
 mod gc;
+mod model;
 mod pipeline;
 mod schema;
 mod sql;
@@ -13,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use args::{Cli, Command, ConfigCommand, PipelineCommand};
+use args::{Cli, Command, ConfigCommand, ModelCommand, PipelineCommand};
 
 pub fn main() -> ExitCode {
     // Like other Unix tools, stop quietly when the reader of our output goes away
@@ -55,6 +56,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Gc(args) => gc::run(args).await,
         Command::Verify(args) => gc::verify(&args.run).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),
+        Command::Model(ModelCommand::Info { dir }) => model::info(&dir),
+        Command::Model(ModelCommand::Generate(args)) => model::generate(args),
+        Command::Model(ModelCommand::Score(args)) => model::score(args),
+        Command::Model(ModelCommand::ImportGguf(args)) => model::import_gguf(args),
     }
 }
 

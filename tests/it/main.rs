@@ -7,5 +7,6 @@ mod cli_config;
 mod cli_sql;
 mod independent_reader;
 mod libtorch;
+mod model;
 mod stages;
 mod store;

@@ -1,0 +1,252 @@
+//! The model workloads of `../shared/bench/ANCHORS.md`, measured the way the anchors are,
+//! so the two can be run side by side (`scripts/bench-models.sh`):
+//!
+//! * A `prefill`: one forward over 16 × 256 random prompt tokens (full logits), and the
+//!   same keeping the last position only (a 1-token generate);
+//!   `greedy`: generate 128 new tokens for 16 × 256 prompts, EOS masked until the end;
+//! * B `sampled`: the same with temperature 1, top-p 1, top-k 0, per-token logprobs;
+//! * C `ce` / `ppo`: one training step on 16 × 384 tokens (zero grad, forward, loss,
+//!   backward, AdamW lr 1e-5, weight decay 0.01); PPO-clip with old logprobs from a
+//!   no-grad pass before timing and one N(0, 1) advantage per sequence.
+//!
+//! Random weights from the bench configs (`Policy::scratch`, seed 0), float32, 2 threads.
+//! One warm-up and 5 timed reps (`--reps`); a rep of ≥ 0.25 s during which other processes
+//! used ≥ 0.30 cores is discarded and redone, as the anchors do. One JSON line per run is
+//! appended to `--out`.
+//!
+//! `cargo bench --bench model -- --model bench-small --workload greedy --out results.jsonl`
+
+use std::io::Write;
+use std::time::Instant;
+
+use petting::model::{GenerationRequest, GenerationSettings, LoadOptions, ModelConfig, Policy, Sampling, ScoreRequest};
+use tch::Kind;
+use tch::nn::OptimizerConfig;
+
+struct Args {
+    model: String,
+    workload: String,
+    reps: usize,
+    out: Option<String>,
+    tag: String,
+}
+
+fn parse_args() -> Args {
+    let mut args =
+        Args { model: "bench-tiny".into(), workload: "greedy".into(), reps: 5, out: None, tag: "default".into() };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--model" => args.model = it.next().expect("--model NAME"),
+            "--workload" => args.workload = it.next().expect("--workload NAME"),
+            "--reps" => args.reps = it.next().expect("--reps N").parse().expect("a number"),
+            "--out" => args.out = it.next(),
+            "--tag" => args.tag = it.next().expect("--tag NAME"),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    args
+}
+
+/// Busy CPU seconds of the whole machine (user+nice+system+irq+softirq+steal).
+fn busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let v: Vec<f64> = stat.lines().next().unwrap().split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    let ticks = v[0] + v[1] + v[2] + v[5] + v[6] + v.get(7).copied().unwrap_or(0.0);
+    ticks / 100.0 // USER_HZ is 100 on Linux x86-64
+}
+
+/// CPU seconds this process has used.
+fn own_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
+}
+
+/// Waits until other processes use < 0.25 cores over 5 s (at most 15 min), like wait_quiet.py.
+fn wait_quiet() {
+    let start = Instant::now();
+    loop {
+        let (b0, o0) = (busy_seconds(), own_seconds());
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        let other = ((busy_seconds() - b0) - (own_seconds() - o0)).max(0.0) / 5.0;
+        if other < 0.25 || start.elapsed().as_secs() > 900 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(10));
+    }
+}
+
+/// Runs `f` once; returns (seconds, cores' worth of CPU other processes used meanwhile).
+fn timed(f: &mut dyn FnMut()) -> (f64, f64) {
+    let (b0, o0) = (busy_seconds(), own_seconds());
+    let t0 = Instant::now();
+    f();
+    let dt = t0.elapsed().as_secs_f64();
+    let other = ((busy_seconds() - b0) - (own_seconds() - o0)).max(0.0);
+    (dt, other / dt)
+}
+
+/// 1 warm-up, then `reps` kept reps: (kept seconds, other-cores of each, discarded).
+fn measure(reps: usize, f: &mut dyn FnMut()) -> (Vec<f64>, Vec<f64>, Vec<(f64, f64)>) {
+    f();
+    let (mut kept, mut loads, mut discarded) = (Vec::new(), Vec::new(), Vec::new());
+    while kept.len() < reps {
+        let (dt, other) = timed(f);
+        if dt >= 0.25 && other >= 0.30 {
+            discarded.push((dt, other));
+            wait_quiet();
+            continue;
+        }
+        kept.push(dt);
+        loads.push(other);
+    }
+    (kept, loads, discarded)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = s.len();
+    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+}
+
+/// Token ids in [3, V) from a fixed stream (their values do not affect speed).
+fn random_ids(rows: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<i64>> {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    (0..rows).map(|_| (0..len).map(|_| 3 + (next() % (vocab as u64 - 3)) as i64).collect()).collect()
+}
+
+fn main() {
+    let args = parse_args();
+    tch::set_num_threads(2);
+    let config_path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../shared/bench/{}.config.json", args.model));
+    let config = ModelConfig::from_file(&config_path).unwrap();
+    let vocab = config.vocab_size;
+    let mut policy = Policy::scratch(config, 0, &LoadOptions::default()).unwrap();
+    let total_tokens;
+    let (kept, loads, discarded) = match args.workload.as_str() {
+        "prefill" | "prefill_keep1" => {
+            let prompts = random_ids(16, 256, vocab, 1234);
+            total_tokens = 16 * 256;
+            if args.workload == "prefill" {
+                measure(args.reps, &mut || {
+                    let logits = policy.logits(&prompts, &[]).unwrap();
+                    assert_eq!(logits[0].size(), vec![256, vocab as i64]);
+                })
+            } else {
+                let requests: Vec<GenerationRequest> = prompts
+                    .iter()
+                    .map(|p| GenerationRequest { prompt_ids: p.clone(), seed: 0, adapter: None })
+                    .collect();
+                let settings = GenerationSettings::new(Sampling::Greedy, 1);
+                measure(args.reps, &mut || {
+                    policy.generate(&requests, &settings).unwrap();
+                })
+            }
+        }
+        "greedy" | "sampled" => {
+            let prompts = random_ids(16, 256, vocab, 1234);
+            total_tokens = 16 * 128;
+            let sampling = if args.workload == "greedy" {
+                Sampling::Greedy
+            } else {
+                Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }
+            };
+            let settings = GenerationSettings { min_new_tokens: 128, ..GenerationSettings::new(sampling, 128) };
+            let mut round = 0u64;
+            measure(args.reps, &mut || {
+                round += 1;
+                let requests: Vec<GenerationRequest> = prompts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| GenerationRequest {
+                        prompt_ids: p.clone(),
+                        seed: round * 100 + i as u64,
+                        adapter: None,
+                    })
+                    .collect();
+                let out = policy.generate(&requests, &settings).unwrap();
+                assert!(out.iter().all(|g| g.token_ids.len() == 128 && g.logprobs.len() == 128));
+            })
+        }
+        "ce" | "ppo" => {
+            let ids = random_ids(16, 384, vocab, 4321);
+            total_tokens = 16 * 384;
+            // The first token is the prompt; the 383 after it are scored (transformers' shifted CE).
+            let requests: Vec<ScoreRequest> = ids
+                .iter()
+                .map(|s| ScoreRequest { prompt_ids: s[..1].to_vec(), response_ids: s[1..].to_vec(), adapter: None })
+                .collect();
+            let old = policy.score(&requests, usize::MAX).unwrap();
+            let old = tch::Tensor::from_slice(&old.concat()).view([16, 383]);
+            let advantages = tch::Tensor::from_slice(
+                &random_ids(1, 16, 1 << 20, 99)[0]
+                    .iter()
+                    .map(|&x| ((x as f64 / (1 << 19) as f64) - 1.0) as f32)
+                    .collect::<Vec<f32>>(),
+            )
+            .view([16, 1]);
+            let mut opt = tch::nn::AdamW { beta1: 0.9, beta2: 0.999, wd: 0.01, eps: 1e-8, amsgrad: false }
+                .build(policy.var_store(), 1e-5)
+                .unwrap();
+            let ppo = args.workload == "ppo";
+            measure(args.reps, &mut || {
+                opt.zero_grad();
+                policy
+                    .backward(&requests, usize::MAX, false, 0, &mut |mb| {
+                        let idx = tch::Tensor::from_slice(&mb.indices.iter().map(|&i| i as i64).collect::<Vec<_>>());
+                        let n = mb.mask.sum(Kind::Float);
+                        Ok(if ppo {
+                            let (old, adv) = (old.index_select(0, &idx), advantages.index_select(0, &idx));
+                            let ratio = (&mb.logprobs - old).exp();
+                            let pg_loss1 = -&adv * &ratio;
+                            let pg_loss2 = -&adv * ratio.clamp(0.8, 1.2);
+                            (pg_loss1.max_other(&pg_loss2) * &mb.mask).sum(Kind::Float) / n
+                        } else {
+                            -(&mb.logprobs * &mb.mask).sum(Kind::Float) / n
+                        })
+                    })
+                    .unwrap();
+                opt.step();
+            })
+        }
+        other => panic!("unknown workload {other} (prefill, prefill_keep1, greedy, sampled, ce, ppo)"),
+    };
+    let med = median(&kept);
+    let line = serde_json::json!({
+        "side": "petting-tch",
+        "model": args.model,
+        "workload": args.workload,
+        "tag": args.tag,
+        "reps_s": kept,
+        "median_s": med,
+        "min_s": kept.iter().cloned().fold(f64::INFINITY, f64::min),
+        "max_s": kept.iter().cloned().fold(0.0, f64::max),
+        "tokens_per_s": total_tokens as f64 / med,
+        "max_other_cores": loads.iter().cloned().fold(0.0, f64::max),
+        "discarded": discarded,
+        "peak_rss_mib": peak_rss_mib(),
+        "glibc_tunables": std::env::var("GLIBC_TUNABLES").unwrap_or_default(),
+    });
+    println!("{line}");
+    if let Some(out) = args.out {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out).unwrap();
+        writeln!(f, "{line}").unwrap();
+    }
+}

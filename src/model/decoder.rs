@@ -1,0 +1,412 @@
+//! The decoder of the Llama, Qwen2 and Qwen3 families, in forward order:
+//! rotary → RMSNorm → linear (+ LoRA) → MLP → attention → layer → `Model` → `CausalLm`.
+//!
+//! The three families are one network that differs only in which tensors exist
+//! ([`ModelConfig`]: q/k/v and o biases, MLP biases, per-head q/k RMSNorm, tied lm_head),
+//! so one set of blocks serves all three and [`Architecture`](super::Architecture) picks
+//! the tensors. VarStore paths are the Hugging Face safetensors keys
+//! (`model.layers.3.self_attn.q_proj.weight`), and each field is named after its key's
+//! last segment, so saving the VarStore writes a checkpoint transformers loads, and LoRA
+//! finds `q_proj` by name.
+//!
+//! Shapes: B batch rows, L new positions, S positions attended to (cache + new), H query
+//! heads, K key/value heads, D head width, E hidden size, V vocabulary.
+
+use tch::nn::Path;
+use tch::{Kind, Tensor};
+
+use super::Error;
+use super::config::{ModelConfig, RopeScaling};
+use super::kv_cache::KvCache;
+use super::lora::{LoraWeights, Route};
+use super::weights::{Init, Weights};
+
+/// Adds a tensor from `weights` under `path.name` to the VarStore.
+fn param(path: &Path, name: &str, shape: &[i64], init: Init, weights: &Weights) -> Result<Tensor, Error> {
+    let full = path.path(name);
+    let tensor = weights.get(&full, shape, init, path.kind(), path.device())?;
+    Ok(path.add(name, tensor, true))
+}
+
+// ---------------------------------------------------------------------------------------
+// Rotary position embedding
+
+/// Inverse frequencies of rotary embeddings, computed as transformers does (float32).
+#[derive(Debug)]
+pub(crate) struct Rotary {
+    /// (D/2,) float32.
+    inv_freq: Tensor,
+}
+
+impl Rotary {
+    fn new(cfg: &ModelConfig, device: tch::Device) -> Rotary {
+        let dim = cfg.head_dim as i64;
+        // inv_freq = 1 / base^(arange(0, D, 2) / D), in float32 like `_compute_default_rope_parameters`.
+        let exponent = Tensor::arange_start_step(0, dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / dim as f64;
+        let mut inv_freq = Tensor::pow_scalar(cfg.rope_theta, &exponent).reciprocal();
+        if let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } =
+            cfg.rope_scaling
+        {
+            // transformers `_compute_llama3_parameters`: long wavelengths are slowed by
+            // `factor`, short ones kept, and the band between interpolated.
+            let old = original_max_position_embeddings as f64;
+            let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+            let wavelen = (inv_freq.reciprocal()) * (2.0 * std::f64::consts::PI);
+            let scaled = inv_freq.where_self(&wavelen.le(low_wavelen), &(&inv_freq / factor));
+            let smooth = (old / &wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+            let smoothed: Tensor = (1.0 - &smooth) * &scaled / factor + &smooth * &scaled;
+            let medium = wavelen.ge(high_wavelen).logical_and(&wavelen.le(low_wavelen));
+            inv_freq = smoothed.where_self(&medium, &scaled);
+        }
+        Rotary { inv_freq }
+    }
+
+    /// cos and sin for positions (B, L): each (B, 1, L, D), in `kind`.
+    pub(crate) fn cos_sin(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        // (B, L, 1) · (D/2,) → (B, L, D/2); one product per element, as transformers' matmul.
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
+}
+
+/// x·cos + rotate_half(x)·sin, with rotate_half(x) = cat(−x₂, x₁) over the last dim.
+fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let half = x.size()[3] / 2;
+    let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);
+    x * cos + rotated * sin
+}
+
+// ---------------------------------------------------------------------------------------
+// RMSNorm
+
+#[derive(Debug)]
+pub(crate) struct RmsNorm {
+    pub(crate) weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(path: Path, size: i64, eps: f64, weights: &Weights) -> Result<RmsNorm, Error> {
+        Ok(RmsNorm { weight: param(&path, "weight", &[size], Init::Ones, weights)?, eps })
+    }
+
+    /// Normalises the last dim in float32, then scales in the input dtype (transformers' order).
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let x32 = x.to_kind(Kind::Float);
+        let variance = x32.square().mean_dim(-1, true, Kind::Float);
+        let normed = x32 * (variance + self.eps).rsqrt();
+        &self.weight * normed.to_kind(kind)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Linear, with optional LoRA adapters
+
+/// y = x·Wᵀ + b, plus the LoRA update of the adapter each batch row uses.
+#[derive(Debug)]
+pub(crate) struct Linear {
+    /// (out, in).
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Option<Tensor>,
+    /// The last segment of the HF key (`q_proj`), which LoRA targets match.
+    pub(crate) name: &'static str,
+    /// Full HF prefix of this layer (`model.layers.0.self_attn.q_proj`).
+    pub(crate) prefix: String,
+    /// Adapters by slot; `None` where an adapter does not target this layer.
+    pub(crate) adapters: Vec<Option<LoraWeights>>,
+}
+
+impl Linear {
+    fn new(
+        parent: &Path,
+        name: &'static str,
+        dims: (i64, i64),
+        bias: bool,
+        std: f64,
+        weights: &Weights,
+    ) -> Result<Linear, Error> {
+        let (in_dim, out_dim) = dims;
+        let sub = parent / name;
+        let weight = param(&sub, "weight", &[out_dim, in_dim], Init::Normal(std), weights)?;
+        let bias = if bias { Some(param(&sub, "bias", &[out_dim], Init::Zeros, weights)?) } else { None };
+        let prefix = sub.components().collect::<Vec<_>>().join(".");
+        Ok(Linear { weight, bias, name, prefix, adapters: Vec::new() })
+    }
+
+    /// (…, in) → (…, out).
+    pub(crate) fn forward(&self, x: &Tensor, route: &Route) -> Tensor {
+        let y = x.linear(&self.weight, self.bias.as_ref());
+        route.apply(&self.adapters, &self.prefix, x, y)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// MLP
+
+#[derive(Debug)]
+pub(crate) struct Mlp {
+    pub(crate) gate_proj: Linear,
+    pub(crate) up_proj: Linear,
+    pub(crate) down_proj: Linear,
+}
+
+impl Mlp {
+    fn new(path: Path, cfg: &ModelConfig, weights: &Weights) -> Result<Mlp, Error> {
+        let (e, i, std, bias) =
+            (cfg.hidden_size as i64, cfg.intermediate_size as i64, cfg.initializer_range, cfg.mlp_bias);
+        Ok(Mlp {
+            gate_proj: Linear::new(&path, "gate_proj", (e, i), bias, std, weights)?,
+            up_proj: Linear::new(&path, "up_proj", (e, i), bias, std, weights)?,
+            down_proj: Linear::new(&path, "down_proj", (i, e), bias, std, weights)?,
+        })
+    }
+
+    /// down(silu(gate(x)) · up(x)); (B, L, E) → (B, L, E).
+    fn forward(&self, x: &Tensor, route: &Route) -> Tensor {
+        let gate = self.gate_proj.forward(x, route).silu();
+        self.down_proj.forward(&(gate * self.up_proj.forward(x, route)), route)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+
+/// Per-forward inputs shared by every layer: rotary tables, mask, cache use, adapter routing.
+pub(crate) struct Pass<'a> {
+    /// (B, 1, L, D) each.
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
+    /// Boolean (B, 1, L, S), true where a query may attend a key; `None` with `causal` for
+    /// plain causal attention over unpadded rows.
+    pub(crate) mask: Option<Tensor>,
+    pub(crate) causal: bool,
+    /// Append this pass's keys and values to each block's cache and attend to all of it.
+    pub(crate) use_cache: bool,
+    pub(crate) route: &'a Route,
+}
+
+#[derive(Debug)]
+pub(crate) struct Attention {
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    /// Qwen3: RMSNorm over D of each head of q and k.
+    pub(crate) q_norm: Option<RmsNorm>,
+    pub(crate) k_norm: Option<RmsNorm>,
+    pub(crate) kv_cache: KvCache,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn new(path: Path, cfg: &ModelConfig, weights: &Weights) -> Result<Attention, Error> {
+        let (e, d) = (cfg.hidden_size as i64, cfg.head_dim as i64);
+        let (h, k) = (cfg.num_attention_heads as i64, cfg.num_key_value_heads as i64);
+        let std = cfg.initializer_range;
+        let (q_norm, k_norm) = if cfg.qk_norm {
+            (
+                Some(RmsNorm::new(&path / "q_norm", d, cfg.rms_norm_eps, weights)?),
+                Some(RmsNorm::new(&path / "k_norm", d, cfg.rms_norm_eps, weights)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Attention {
+            q_proj: Linear::new(&path, "q_proj", (e, h * d), cfg.qkv_bias, std, weights)?,
+            k_proj: Linear::new(&path, "k_proj", (e, k * d), cfg.qkv_bias, std, weights)?,
+            v_proj: Linear::new(&path, "v_proj", (e, k * d), cfg.qkv_bias, std, weights)?,
+            o_proj: Linear::new(&path, "o_proj", (h * d, e), cfg.o_bias, std, weights)?,
+            q_norm,
+            k_norm,
+            kv_cache: KvCache::default(),
+            heads: h,
+            kv_heads: k,
+            head_dim: d,
+        })
+    }
+
+    /// (B, L, E) → (B, L, E).
+    fn forward(&mut self, x: &Tensor, pass: &Pass) -> Tensor {
+        let (b, l, _) = x.size3().expect("attention input is (B, L, E)");
+        let (h, k, d) = (self.heads, self.kv_heads, self.head_dim);
+        // 1. Projections, split into heads: (B, L, H|K, D).
+        let q = self.q_proj.forward(x, pass.route).view([b, l, h, d]);
+        let key = self.k_proj.forward(x, pass.route).view([b, l, k, d]);
+        let value = self.v_proj.forward(x, pass.route).view([b, l, k, d]);
+        // 2. Qwen3 normalises each head of q and k before the rotation.
+        let q = self.q_norm.as_ref().map_or(q.shallow_clone(), |n| n.forward(&q));
+        let key = self.k_norm.as_ref().map_or(key.shallow_clone(), |n| n.forward(&key));
+        // 3. (B, H|K, L, D), rotated by position.
+        let q = apply_rotary(&q.transpose(1, 2), &pass.cos, &pass.sin);
+        let key = apply_rotary(&key.transpose(1, 2), &pass.cos, &pass.sin);
+        let value = value.transpose(1, 2);
+        // 4. With the cache, attend to every position held so far: (B, K, S, D).
+        let (key, value) = if pass.use_cache { self.kv_cache.append(&key, &value) } else { (key, value) };
+        // 5. Scaled dot-product attention; K heads serve H/K query heads each (GQA).
+        let causal = pass.causal && pass.mask.is_none() && l > 1;
+        let y = Tensor::scaled_dot_product_attention(
+            &q,
+            &key,
+            &value,
+            pass.mask.as_ref(),
+            0.0,
+            causal,
+            Some(1.0 / (d as f64).sqrt()),
+            h != k,
+        );
+        // 6. Heads back together: (B, L, H·D) → (B, L, E).
+        self.o_proj.forward(&y.transpose(1, 2).reshape([b, l, h * d]), pass.route)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Decoder layer
+
+#[derive(Debug)]
+pub(crate) struct DecoderLayer {
+    pub(crate) self_attn: Attention,
+    pub(crate) mlp: Mlp,
+    pub(crate) input_layernorm: RmsNorm,
+    pub(crate) post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn new(path: Path, cfg: &ModelConfig, weights: &Weights) -> Result<DecoderLayer, Error> {
+        let (e, eps) = (cfg.hidden_size as i64, cfg.rms_norm_eps);
+        Ok(DecoderLayer {
+            self_attn: Attention::new(&path / "self_attn", cfg, weights)?,
+            mlp: Mlp::new(&path / "mlp", cfg, weights)?,
+            input_layernorm: RmsNorm::new(&path / "input_layernorm", e, eps, weights)?,
+            post_attention_layernorm: RmsNorm::new(&path / "post_attention_layernorm", e, eps, weights)?,
+        })
+    }
+
+    /// Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(·)). (B, L, E).
+    pub(crate) fn forward(&mut self, x: &Tensor, pass: &Pass) -> Tensor {
+        let x = x + self.self_attn.forward(&self.input_layernorm.forward(x), pass);
+        let mlp = self.mlp.forward(&self.post_attention_layernorm.forward(&x), pass.route);
+        x + mlp
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Model and CausalLm
+
+/// Embedding, layers and final norm (`model.*`).
+#[derive(Debug)]
+pub(crate) struct Model {
+    /// (V, E).
+    pub(crate) embed_tokens: Tensor,
+    pub(crate) layers: Vec<DecoderLayer>,
+    pub(crate) norm: RmsNorm,
+    pub(crate) rotary: Rotary,
+}
+
+/// The model plus its language-model head.
+#[derive(Debug)]
+pub struct CausalLm {
+    pub(crate) model: Model,
+    /// (V, E): the embedding itself when tied.
+    pub(crate) lm_head: Tensor,
+    pub(crate) config: ModelConfig,
+}
+
+impl CausalLm {
+    /// Builds the network under `root` (a VarStore root), taking tensors from `weights`.
+    pub(crate) fn new(root: Path, cfg: &ModelConfig, weights: &Weights) -> Result<CausalLm, Error> {
+        let (v, e) = (cfg.vocab_size as i64, cfg.hidden_size as i64);
+        let model_path = &root / "model";
+        let embed_path = &model_path / "embed_tokens";
+        let embed_tokens = param(&embed_path, "weight", &[v, e], Init::Normal(cfg.initializer_range), weights)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::new(&model_path / "layers" / i, cfg, weights))
+            .collect::<Result<Vec<_>, _>>()?;
+        let norm = RmsNorm::new(&model_path / "norm", e, cfg.rms_norm_eps, weights)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed_tokens.shallow_clone()
+        } else {
+            param(&(&root / "lm_head"), "weight", &[v, e], Init::Normal(cfg.initializer_range), weights)?
+        };
+        let rotary = Rotary::new(cfg, root.device());
+        Ok(CausalLm { model: Model { embed_tokens, layers, norm, rotary }, lm_head, config: cfg.clone() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Token ids (B, L) → final hidden states (B, L, E), through every layer.
+    pub(crate) fn hidden(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
+        let mut x = self.model.embed_tokens.embedding_rows(input_ids);
+        for layer in &mut self.model.layers {
+            x = layer.forward(&x, pass);
+        }
+        self.model.norm.forward(&x)
+    }
+
+    /// Hidden states (…, E) → logits (…, V).
+    pub(crate) fn head(&self, hidden: &Tensor) -> Tensor {
+        hidden.linear::<Tensor>(&self.lm_head, None)
+    }
+
+    /// Logits of the last position only, (B, V): what sampling needs.
+    pub(crate) fn logits_last(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
+        let hidden = self.hidden(input_ids, pass);
+        let last = hidden.size()[1] - 1;
+        self.head(&hidden.select(1, last))
+    }
+
+    /// Logits of every position, (B, L, V): what log-probabilities and training need.
+    pub(crate) fn logits_all(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
+        let hidden = self.hidden(input_ids, pass);
+        self.head(&hidden)
+    }
+
+    /// Empties every attention block's cache.
+    pub(crate) fn clear_kv_cache(&mut self) {
+        for layer in &mut self.model.layers {
+            layer.self_attn.kv_cache.clear();
+        }
+    }
+
+    /// Sets the capacity each cache allocates at its first append.
+    pub(crate) fn reserve_kv_cache(&mut self, positions: i64) {
+        for layer in &mut self.model.layers {
+            layer.self_attn.kv_cache.reserve(positions);
+        }
+    }
+
+    /// Keeps only these batch rows in every cache.
+    pub(crate) fn select_kv_rows(&mut self, rows: &Tensor) {
+        for layer in &mut self.model.layers {
+            layer.self_attn.kv_cache.select_rows(rows);
+        }
+    }
+
+    /// Every linear layer, in HF key order, for attaching adapters.
+    pub(crate) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out = Vec::new();
+        for layer in &mut self.model.layers {
+            let a = &mut layer.self_attn;
+            out.extend([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj]);
+            let m = &mut layer.mlp;
+            out.extend([&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj]);
+        }
+        out
+    }
+}
+
+trait EmbeddingRows {
+    fn embedding_rows(&self, ids: &Tensor) -> Tensor;
+}
+
+impl EmbeddingRows for Tensor {
+    /// Rows of a (V, E) table for (B, L) ids: (B, L, E).
+    fn embedding_rows(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(self, ids, -1, false, false)
+    }
+}

@@ -1,0 +1,98 @@
+//! Policy models in tch: one Hugging Face–compatible decoder for the Llama, Qwen2 and
+//! Qwen3 families, its tokenizer and chat template, batched KV-cache sampling with
+//! per-token logprobs, training forwards, LoRA adapters, checkpoints and GGUF import.
+//!
+//! ```text
+//!  HF folder ──► Policy::load ──► generate(requests)  ──► tokens, text, logprobs, finish
+//!  (config.json,      │            score(pairs)       ──► per-token logprobs (no grad)
+//!   *.safetensors,    │            backward(pairs, f) ──► grads of loss f(logprobs)
+//!   tokenizer.json)   │            add_adapter / save_adapter / load_adapter (PEFT)
+//!  config.json ──► Policy::scratch (seeded)      save ──► HF folder + meta.json
+//!  GGUF ──► gguf::import ──► HF folder
+//! ```
+//!
+//! Device, dtype and grad mode are decided by the caller: [`LoadOptions`] carries the
+//! device and dtype, and sampling and scoring run under `tch::no_grad` themselves, since
+//! grad mode is per thread.
+
+mod chat_template;
+mod checkpoint;
+mod config;
+mod decoder;
+mod generate;
+pub mod gguf;
+mod kv_cache;
+mod lora;
+mod policy;
+mod rng;
+mod sampler;
+mod tokenizer;
+mod train;
+mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateOptions};
+pub use checkpoint::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, CheckpointMeta, META_FILE, SaveAs, sha256_file};
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use decoder::CausalLm;
+pub use generate::{FinishReason, Generation, GenerationRequest, GenerationSettings};
+pub use kv_cache::KvCache;
+pub use lora::ALL_LINEAR;
+pub use policy::{LoadOptions, Policy};
+pub use sampler::{Sampler, Sampling};
+pub use tokenizer::Tokenizer;
+pub use train::{MicroBatch, ScoreRequest};
+pub use weights::{SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, read_header, write_safetensors};
+
+/// Errors of the model code; each names the file and, where there is one, the tensor.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{}: {source}", file.display())]
+    Io { file: PathBuf, source: std::io::Error },
+    #[error("{}: missing: {what}", file.display())]
+    MissingFile { file: PathBuf, what: &'static str },
+    #[error("{}: {reason}", file.display())]
+    Config { file: PathBuf, reason: String },
+    #[error("{}: {reason}", file.display())]
+    Format { file: PathBuf, reason: String },
+    #[error("{}: tensor {tensor} is missing", file.display())]
+    MissingTensor { file: PathBuf, tensor: String },
+    #[error("{}: tensor {tensor} has shape {found:?}, expected {expected:?}", file.display())]
+    Shape { file: PathBuf, tensor: String, expected: Vec<i64>, found: Vec<i64> },
+    #[error("{}: tokenizer: {reason}", file.display())]
+    Tokenizer { file: PathBuf, reason: String },
+    #[error("chat template: {reason}")]
+    Template { reason: String },
+    #[error("no adapter named {name:?} (have: {have:?})")]
+    UnknownAdapter { name: String, have: Vec<String> },
+    #[error("adapter {name:?} exists already")]
+    DuplicateAdapter { name: String },
+    #[error("invalid request: {reason}")]
+    Request { reason: String },
+    #[error("libtorch: {context}: {source}")]
+    Torch { context: String, source: tch::TchError },
+}
+
+impl Error {
+    pub(crate) fn io(file: &Path, source: std::io::Error) -> Error {
+        Error::Io { file: file.to_path_buf(), source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::PathBuf;
+
+    /// The steering repository's `shared/` folder (fixtures, bench configs), beside the
+    /// checkout as CI lays it out; `PETTING_SHARED` overrides.
+    pub(crate) fn shared_dir() -> PathBuf {
+        match std::env::var_os("PETTING_SHARED") {
+            Some(dir) => PathBuf::from(dir),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Choosing the next token of every row of a batch, with its logprob.
+//!
+//! [`Sampling`] says how (greedy, or temperature with top-k / top-p), [`Sampler`] does it
+//! for a (B, V) block of logits. Each row draws its one uniform number from the
+//! counter-based stream keyed by that row's own seed at its own step, and inverts the
+//! filtered distribution's CDF with it, so a sequence's sample never depends on which
+//! other sequences share its batch. The logprob returned is that of the chosen token
+//! under the unmodified distribution (temperature 1, no filtering): what PPO's ratio needs.
+
+use tch::{Kind, Tensor};
+
+use super::rng::{Stream, unit_f64};
+use crate::config::SamplingConfig;
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampling {
+    /// The most likely token (the lowest id among ties, as `torch.argmax`).
+    Greedy,
+    /// Sample from softmax(logits / temperature), keeping the `top_k` most likely tokens
+    /// (0: all) and the smallest set whose probability reaches `top_p` (1: all).
+    Sample { temperature: f64, top_k: usize, top_p: f64 },
+}
+
+impl Sampling {
+    /// From petting's `sampling` settings: temperature 0 means greedy.
+    pub fn from_config(cfg: &SamplingConfig) -> Sampling {
+        if cfg.temperature <= 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::Sample { temperature: cfg.temperature, top_k: cfg.top_k as usize, top_p: cfg.top_p }
+        }
+    }
+}
+
+/// Picks tokens for a batch of rows.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    sampling: Sampling,
+}
+
+impl Sampler {
+    pub fn new(sampling: Sampling) -> Sampler {
+        Sampler { sampling }
+    }
+
+    /// logits (B, V); row i draws from stream `seeds[i]` at counter `steps[i]`. Tokens set
+    /// in `banned` (e.g. EOS before a minimum length) get no probability. Returns each
+    /// row's token and its logprob under the unmodified distribution.
+    pub fn sample(&self, logits: &Tensor, seeds: &[u64], steps: &[u64], banned: &[i64]) -> (Vec<i64>, Vec<f32>) {
+        let logits = logits.to_kind(Kind::Float);
+        let logprobs = logits.log_softmax(-1, Kind::Float);
+        let mut scores = logits.shallow_clone();
+        if !banned.is_empty() {
+            let ids = Tensor::from_slice(banned).to_device(logits.device());
+            scores = scores.index_fill(1, &ids, f64::NEG_INFINITY);
+        }
+        let tokens = match self.sampling {
+            Sampling::Greedy => scores.argmax(-1, false),
+            Sampling::Sample { temperature, top_k, top_p } => {
+                let scores = filter(&(scores / temperature), top_k, top_p);
+                // Inverse CDF in vocabulary order, in float64 so that long tails add up.
+                let cdf = scores.softmax(-1, Kind::Double).cumsum(-1, Kind::Double);
+                let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Stream::at(s, t))).collect();
+                let total = cdf.select(1, -1).unsqueeze(1);
+                let u = Tensor::from_slice(&draws).to_device(logits.device()).unsqueeze(1) * total;
+                let v = logits.size()[1];
+                // First index whose cumulative probability exceeds u: zero-probability tokens are never hit.
+                u.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1).clamp_max(v - 1)
+            }
+        };
+        let chosen = logprobs.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
+        (Vec::<i64>::try_from(&tokens).expect("token ids"), Vec::<f32>::try_from(&chosen).expect("logprobs"))
+    }
+}
+
+/// top-k then top-p filtering of (B, V) scores, as transformers' `TopKLogitsWarper` and
+/// `TopPLogitsWarper`: removed tokens get −∞, at least one token is kept.
+fn filter(scores: &Tensor, top_k: usize, top_p: f64) -> Tensor {
+    let v = scores.size()[1];
+    let mut scores = scores.shallow_clone();
+    if top_k > 0 && (top_k as i64) < v {
+        // Below the k-th largest score: removed.
+        let (values, _) = scores.topk(top_k as i64, -1, true, true);
+        let kth = values.narrow(1, top_k as i64 - 1, 1);
+        scores = scores.masked_fill(&scores.lt_tensor(&kth), f64::NEG_INFINITY);
+    }
+    if top_p < 1.0 {
+        // Ascending sort; drop the low tail whose cumulative probability is ≤ 1 − top_p.
+        let (sorted, indices) = scores.sort(-1, false);
+        let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
+        let remove_sorted = cumulative.le(1.0 - top_p);
+        // The most likely token always stays.
+        let _ = remove_sorted.narrow(1, v - 1, 1).fill_(0);
+        let remove = remove_sorted.scatter(1, &indices, &remove_sorted);
+        scores = scores.masked_fill(&remove, f64::NEG_INFINITY);
+    }
+    scores
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(rows: &[&[f32]]) -> Tensor {
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_slice(&flat).reshape([rows.len() as i64, rows[0].len() as i64])
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum_and_reports_its_logprob() {
+        let l = logits(&[&[0.0, 2.0, 2.0, 1.0], &[5.0, 0.0, 0.0, 0.0]]);
+        let (tokens, lps) = Sampler::new(Sampling::Greedy).sample(&l, &[0, 0], &[0, 0], &[]);
+        assert_eq!(tokens, vec![1, 0]);
+        // log softmax of [0, 2, 2, 1] at index 1, by hand.
+        let z = (0f64.exp() + 2f64.exp() * 2.0 + 1f64.exp()).ln();
+        assert!((lps[0] as f64 - (2.0 - z)).abs() < 1e-6);
+        // A banned token is skipped.
+        let (tokens, _) = Sampler::new(Sampling::Greedy).sample(&l, &[0, 0], &[0, 0], &[0, 1]);
+        assert_eq!(tokens, vec![2, 2]);
+    }
+
+    #[test]
+    fn a_rows_sample_depends_only_on_its_seed_and_step() {
+        let sampler = Sampler::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 });
+        let row: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let other: Vec<f32> = (0..50).map(|i| (i as f32 * 1.3).cos() * 3.0).collect();
+        let alone = sampler.sample(&logits(&[&row]), &[11], &[3], &[]);
+        let batched = sampler.sample(&logits(&[&other, &row, &other]), &[5, 11, 6], &[0, 3, 9], &[]);
+        assert_eq!(alone.0[0], batched.0[1]);
+        assert_eq!(alone.1[0], batched.1[1]);
+    }
+
+    #[test]
+    fn sampled_frequencies_follow_the_distribution() {
+        let sampler = Sampler::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 });
+        let probs = [0.1f32, 0.2, 0.3, 0.4];
+        let row: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let n = 20_000;
+        let mut counts = [0usize; 4];
+        let rows = vec![row.as_slice(); n];
+        let seeds: Vec<u64> = (0..n as u64).collect();
+        let (tokens, _) = sampler.sample(&logits(&rows), &seeds, &vec![0; n], &[]);
+        for t in tokens {
+            counts[t as usize] += 1;
+        }
+        for (c, p) in counts.iter().zip(probs) {
+            assert!((*c as f64 / n as f64 - p as f64).abs() < 0.015, "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn top_k_and_top_p_keep_the_head_as_transformers_does() {
+        let probs = [0.05f32, 0.5, 0.3, 0.15];
+        let row: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let kept = |k: usize, p: f64| {
+            let f = filter(&logits(&[&row]), k, p);
+            (0..4).filter(|&i| f.double_value(&[0, i]).is_finite()).collect::<Vec<i64>>()
+        };
+        assert_eq!(kept(2, 1.0), vec![1, 2]);
+        // Ascending cumulative: 0.05, 0.20, 0.50, 1.0; with top_p 0.7, ≤ 0.3 is removed.
+        assert_eq!(kept(0, 0.7), vec![1, 2]);
+        assert_eq!(kept(0, 0.4), vec![1]);
+        assert_eq!(kept(0, 0.01), vec![1]);
+    }
+}
