@@ -4,6 +4,8 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod config;
+pub mod envs;
+pub mod sandbox;
 pub mod schema;
 pub mod sql;
 pub mod store;
