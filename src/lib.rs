@@ -10,6 +10,7 @@ pub mod schema;
 pub mod sql;
 pub mod store;
 pub mod tables;
+pub mod workflows;
 
 /// Recorded in every commit marker.
 pub const CODE_VERSION: &str = concat!("petting ", env!("CARGO_PKG_VERSION"));

@@ -32,6 +32,10 @@ pub struct Instance {
     #[serde(default)]
     pub public_tests: Vec<TestCase>,
     pub tests: Vec<TestCase>,
+    /// A reference program, when the dataset has one; never shown to the agents (it
+    /// scores the tester's tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solution: Option<String>,
 }
 
 /// How one test went.
@@ -179,8 +183,13 @@ impl Env for Code {
         self.pass_rate == 1.0
     }
 
+    /// The latest program's pass rate on the hidden tests.
+    fn team_reward(&self) -> f64 {
+        self.pass_rate
+    }
+
     fn solve(&self) -> Option<String> {
-        None
+        self.instance.solution.clone()
     }
 
     fn format_action(&self, program: &String) -> String {
@@ -202,6 +211,7 @@ mod tests {
                 TestCase { input: "-5 5\n".into(), output: "0".into() },
                 TestCase { input: "10 20\n".into(), output: " 30 \n\n".into() },
             ],
+            solution: None,
         };
         Code::new(&CodeConfig { test_timeout_seconds: 5.0, max_hidden_tests: 4 }, instance)
     }

@@ -203,7 +203,8 @@ pub fn code_records(file: &DatasetFile) -> Result<Vec<Record<code::Instance>>, E
                 None => Vec::new(),
             };
             let solution = get(row, file, DatasetField::Solution).map(text);
-            Ok(Record { id: id_of(row, file, i), instance: code::Instance { problem, public_tests, tests }, solution })
+            let instance = code::Instance { problem, public_tests, tests, solution: solution.clone() };
+            Ok(Record { id: id_of(row, file, i), instance, solution })
         })
         .collect()
 }

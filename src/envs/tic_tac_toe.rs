@@ -146,6 +146,13 @@ impl TicTacToe {
         &self.cells
     }
 
+    /// The player to move gives up (an unreadable reply): the other player wins.
+    pub fn forfeit(&mut self) {
+        if self.outcome.is_none() {
+            self.outcome = Some(Outcome::Win(self.to_move.other()));
+        }
+    }
+
     /// The perfect move for the player to move.
     pub fn best_move(&self) -> Option<usize> {
         minimax(&self.cells, self.to_move).1
