@@ -8,6 +8,7 @@ pub mod envs;
 pub mod sandbox;
 pub mod schema;
 pub mod sql;
+pub mod stages;
 pub mod store;
 pub mod tables;
 pub mod workflows;

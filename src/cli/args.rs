@@ -21,6 +21,9 @@ pub enum Command {
     /// Check or show an iteration.yaml.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Run one stage of an existing run by hand (it reads the run's frozen run.yaml).
+    #[command(subcommand)]
+    Stage(StageCommand),
     /// Query a run's committed tables with SQL (an interactive prompt without a query).
     Sql(SqlArgs),
     /// Show which stages of a run are committed, per iteration.
@@ -46,6 +49,19 @@ pub struct PipelineRunArgs {
     /// Resume a run even though its iteration.yaml changed since it started.
     #[arg(long)]
     pub allow_config_change: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StageCommand {
+    /// Write the tasks table (train and test splits) and, with warm_start, the demonstrations.
+    PrepareData(StageArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StageArgs {
+    /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
+    #[arg(long)]
+    pub run: String,
 }
 
 #[derive(Debug, Subcommand)]

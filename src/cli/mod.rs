@@ -6,13 +6,14 @@ mod gc;
 mod pipeline;
 mod schema;
 mod sql;
+mod stage;
 mod status;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use args::{Cli, Command, ConfigCommand, PipelineCommand};
+use args::{Cli, Command, ConfigCommand, PipelineCommand, StageCommand};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -44,6 +45,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Pipeline(PipelineCommand::Run(args)) => pipeline::run(args).await,
         Command::Config(ConfigCommand::Check { config }) => config::check(&config),
         Command::Config(ConfigCommand::Show { config }) => config::show(&config),
+        Command::Stage(StageCommand::PrepareData(args)) => stage::prepare_data(&args.run).await,
         Command::Sql(args) => sql::run(args).await,
         Command::Status(args) => status::run(&args.run).await,
         Command::Gc(args) => gc::run(args).await,

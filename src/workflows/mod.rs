@@ -33,6 +33,7 @@
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
 
+pub mod demos;
 pub mod prompts;
 
 use serde::Serialize;
