@@ -807,6 +807,11 @@ impl RunConfig {
         self.validate_update()?;
         self.validate_evaluation()?;
         if let Some(warm) = &self.warm_start {
+            check(
+                !matches!(self.env, EnvConfig::Math(_) | EnvConfig::Code(_)),
+                "warm_start",
+                "demonstrations exist for plan_path, sudoku, sokoban and tic_tac_toe; math and code start from a pretrained model",
+            )?;
             check(warm.steps > 0 && warm.batch_size > 0, "warm_start", "steps and batch_size must be at least 1")?;
             check(warm.demonstrations > 0, "warm_start.demonstrations", "must be at least 1")?;
             check(warm.optimizer.lr > 0.0, "warm_start.optimizer.lr", "must be positive")?;
@@ -862,10 +867,25 @@ impl RunConfig {
                 check(s.size >= 4, "env.size", "must be at least 4 (walls included)")?;
                 check(s.boxes >= 1, "env.boxes", "must be at least 1")
             }
-            EnvConfig::Math(m) => check(m.tolerance >= 0.0, "env.tolerance", "must not be negative"),
-            EnvConfig::Code(c) => check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive"),
+            EnvConfig::Math(m) => {
+                check(m.tolerance >= 0.0, "env.tolerance", "must not be negative")?;
+                self.check_data_files()
+            }
+            EnvConfig::Code(c) => {
+                check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive")?;
+                self.check_data_files()
+            }
             EnvConfig::TicTacToe(_) => Ok(()),
         }
+    }
+
+    /// Math and code read their tasks from files.
+    fn check_data_files(&self) -> Result<(), Invalid> {
+        check(
+            self.data.train_file.is_some() && self.data.test_file.is_some(),
+            "data",
+            format!("{} reads its tasks from files: set data.train_file and data.test_file", self.env.name()),
+        )
     }
 
     fn validate_agents(&self) -> Result<(), Invalid> {

@@ -5,12 +5,15 @@
 
 pub mod algo;
 pub mod config;
+pub mod envs;
 pub mod model;
+pub mod sandbox;
 pub mod schema;
 pub mod sql;
 pub mod stages;
 pub mod store;
 pub mod tables;
+pub mod workflows;
 
 /// Recorded in every commit marker.
 pub const CODE_VERSION: &str = concat!("petting ", env!("CARGO_PKG_VERSION"));

@@ -18,6 +18,8 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
     Tasks,
+    /// Warm-start demonstrations (embedded-default runs only).
+    Demonstrations,
     Turns,
     Groups,
     Samples,
@@ -31,13 +33,14 @@ pub enum Table {
 
 impl Table {
     /// All tables, in pipeline order.
-    pub const ALL: [Table; 8] = [
+    pub const ALL: [Table; 9] = [
         Table::Tasks,
         Table::Turns,
         Table::Groups,
         Table::Samples,
         Table::Updates,
         Table::Evals,
+        Table::Demonstrations,
         Table::Commits,
         Table::Checkpoints,
     ];
@@ -45,6 +48,7 @@ impl Table {
     pub fn name(self) -> &'static str {
         match self {
             Table::Tasks => "tasks",
+            Table::Demonstrations => "demonstrations",
             Table::Turns => "turns",
             Table::Groups => "groups",
             Table::Samples => "samples",
@@ -67,6 +71,7 @@ impl Table {
     fn json(self) -> &'static str {
         match self {
             Table::Tasks => include_str!("../schemas/tasks.json"),
+            Table::Demonstrations => include_str!("../schemas/demonstrations.json"),
             Table::Turns => include_str!("../schemas/turns.json"),
             Table::Groups => include_str!("../schemas/groups.json"),
             Table::Samples => include_str!("../schemas/samples.json"),

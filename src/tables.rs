@@ -59,6 +59,21 @@ impl Row for TaskRow {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DemonstrationRow {
+    pub demo_id: String,
+    pub task_id: String,
+    pub turn: u32,
+    pub agent: String,
+    pub prompt: String,
+    pub response: String,
+    pub choice: String,
+    pub local_reward: f64,
+}
+impl Row for DemonstrationRow {
+    const TABLE: Table = Table::Demonstrations;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnRow {
     pub candidate_id: String,
     pub run: String,
@@ -250,6 +265,7 @@ mod tests {
     #[test]
     fn every_row_type_matches_its_schema_file() {
         assert_row_matches_schema::<TaskRow>();
+        assert_row_matches_schema::<DemonstrationRow>();
         assert_row_matches_schema::<TurnRow>();
         assert_row_matches_schema::<GroupRow>();
         assert_row_matches_schema::<SampleRow>();

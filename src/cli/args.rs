@@ -163,6 +163,8 @@ pub struct StageArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StageName {
+    /// Write the tasks table (train and test splits) and, with warm_start, the demonstrations.
+    PrepareData,
     /// Group the iteration's candidates and compute group statistics.
     Group,
     /// Compute advantages and route samples to their policies.

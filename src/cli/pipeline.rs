@@ -2,8 +2,8 @@ use std::path::Path;
 
 use anyhow::bail;
 use petting::config;
-use petting::store::RunStore;
 use petting::store::layout::RUN_CONFIG;
+use petting::store::{RunStore, Stage, StageId};
 
 use super::args::PipelineRunArgs;
 
@@ -24,7 +24,14 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
         );
     }
     println!("run {} ({}), config sha256 {}", store.url(), config.run_name(), &config.sha256()[..12]);
+    if store.marker(&StageId::run_level(Stage::PrepareData)).await?.is_none() {
+        let prepared = petting::stages::prepare_data::run(&store, &config).await?;
+        println!(
+            "prepare-data: {} train and {} test tasks, {} demonstrations",
+            prepared.train, prepared.test, prepared.demonstrations
+        );
+    }
     super::status::run(store.url()).await?;
-    println!("no pipeline stage is built into this version of petting yet; the run holds its frozen config");
+    println!("the stages after prepare-data are not built into this version of petting yet");
     Ok(())
 }

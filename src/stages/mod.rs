@@ -3,6 +3,7 @@
 
 pub mod advantage;
 pub mod group;
+pub mod prepare_data;
 
 use std::path::Path;
 

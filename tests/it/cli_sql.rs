@@ -66,7 +66,10 @@ fn every_table_is_registered_with_iteration_as_a_column() {
     let query = "select table_name from information_schema.tables where table_schema = 'public' order by table_name";
     let (ok, csv, stderr) = run(&["sql", &url, query, "--format", "csv"]);
     assert!(ok, "{stderr}");
-    assert_eq!(csv, "table_name\ncheckpoints\ncommits\nevals\ngroups\nsamples\ntasks\nturns\nupdates\n");
+    assert_eq!(
+        csv,
+        "table_name\ncheckpoints\ncommits\ndemonstrations\nevals\ngroups\nsamples\ntasks\nturns\nupdates\n"
+    );
     let (ok, csv, stderr) = run(&["sql", &url, "select count(*) as n from evals", "--format", "csv"]);
     assert!(ok && csv == "n\n0\n", "an empty table answers: {csv}{stderr}");
     let (ok, csv, _) = run(&["sql", &url, "select max(iteration) as k from turns", "--format", "csv"]);
@@ -191,7 +194,8 @@ fn gc_removes_the_orphan_and_verify_then_passes() {
     );
     assert!(!std::path::Path::new(&url).join("turns/iteration=3").exists(), "empty folders go too");
     let (ok, stdout, _) = run(&["verify", &url]);
-    assert!(ok && stdout.contains("3 committed files match"), "{stdout}");
+    // prepare-data's two task splits, two turns parts and one groups part.
+    assert!(ok && stdout.contains("5 committed files match"), "{stdout}");
 }
 
 #[test]
@@ -288,7 +292,8 @@ fn a_run_on_s3_is_created_queried_and_collected_through_the_cli() {
     let (ok, stdout, stderr) = cli(&["stage", "group", "--run", &url, "--iteration", "1"]);
     assert!(ok && stdout.contains("committed group of iteration 1"), "{stdout}{stderr}");
     let (ok, stdout, _) = cli(&["verify", &url]);
-    assert!(ok && stdout.contains("3 committed files match"), "{stdout}");
+    // prepare-data's two task splits, two turns parts and one groups part.
+    assert!(ok && stdout.contains("5 committed files match"), "{stdout}");
     let (ok, stdout, _) = cli(&["gc", &url, "--grace", "0s"]);
     assert!(ok && stdout.contains("deleted 0 uncommitted files"), "{stdout}");
 }

@@ -300,8 +300,8 @@ fn malformed_folders_name_the_file_and_the_tensor() {
     let dir = broken_copy("qwen3");
     let weights = dir.path().join("model.safetensors");
     let policy = load(dir.path());
-    let all: Vec<(String, Tensor)> = policy.var_store().variables().into_iter().collect();
-    let mut tensors = all.clone();
+    let variables = || -> Vec<(String, Tensor)> { policy.var_store().variables().into_iter().collect() };
+    let mut tensors = variables();
     tensors.retain(|(n, _)| n != "model.layers.1.self_attn.k_norm.weight");
     petting::model::write_safetensors(&weights, &tensors).unwrap();
     let err = load_error(dir.path());
@@ -309,7 +309,7 @@ fn malformed_folders_name_the_file_and_the_tensor() {
     assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
     assert!(text.contains("model.safetensors") && text.contains("model.layers.1.self_attn.k_norm.weight"), "{text}");
 
-    let mut tensors = all;
+    let mut tensors = variables();
     for (name, t) in tensors.iter_mut() {
         if name == "model.layers.2.mlp.up_proj.weight" {
             *t = t.narrow(0, 0, 100);

@@ -1,0 +1,200 @@
+//! Environments: text in, text out, deterministic from a seed.
+//!
+//! Every environment implements [`Env`]: the rules and current state as text, a parser
+//! from an agent's reply to a typed action, `step` with the local reward, the team
+//! reward, and a solver used for verification and demonstrations. States are plain
+//! values: `clone()` gives an independent branch for tree sampling (stepping one clone
+//! never moves another), and they are `Send` so branches step on worker threads.
+//!
+//! [`AnyEnv`] is the closed set the workflows and stages hold; it is built from a row of
+//! the `tasks` table ([`AnyEnv::from_instance`]).
+
+pub mod code;
+pub mod dataset;
+pub mod math;
+pub mod moves;
+pub mod plan_path;
+pub mod rng;
+pub mod sokoban;
+pub mod sudoku;
+pub mod tic_tac_toe;
+
+use serde::Serialize;
+
+use crate::config::EnvConfig;
+use crate::sandbox::Sandbox;
+
+pub use code::Code;
+pub use math::Math;
+pub use plan_path::PlanPath;
+pub use sokoban::Sokoban;
+pub use sudoku::Sudoku;
+pub use tic_tac_toe::TicTacToe;
+
+/// A problem with an instance or a dataset.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{env} instance is not valid JSON of its kind: {reason}")]
+    Instance { env: &'static str, reason: String },
+
+    #[error("{file}: {reason}")]
+    Dataset { file: String, reason: String },
+
+    #[error("{file}: row {row}: {reason}")]
+    DatasetRow { file: String, row: usize, reason: String },
+}
+
+/// What one action did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The acting agent's reward for this action.
+    pub reward: f64,
+    /// The episode is over.
+    pub done: bool,
+    /// The task is solved.
+    pub success: bool,
+    /// What happened, in words, for the agents' next prompts.
+    pub feedback: String,
+}
+
+/// One environment.
+pub trait Env: Clone + Send + Sync + std::fmt::Debug {
+    /// A parsed reply.
+    type Action: Clone + Send + Serialize + std::fmt::Debug;
+
+    /// The task and the answer format, as shown to every agent.
+    fn rules(&self) -> String;
+    /// The current state as text.
+    fn observation(&self) -> String;
+    /// Reads an action from an agent's reply; the error says what was wrong.
+    fn parse(&self, text: &str) -> Result<Self::Action, String>;
+    /// Applies an action. Only [`Code`] uses the sandbox (to run the hidden tests).
+    fn step(&mut self, action: &Self::Action, sandbox: &Sandbox) -> Step;
+    /// The episode is over (solved, or out of moves).
+    fn done(&self) -> bool;
+    /// The task is solved.
+    fn success(&self) -> bool;
+    /// The reward every agent of the team shares: 1 once the task is solved, else 0.
+    fn team_reward(&self) -> f64 {
+        if self.success() { 1.0 } else { 0.0 }
+    }
+    /// A correct action from the current state (the oracle), if there is one.
+    fn solve(&self) -> Option<Self::Action>;
+    /// An action as an agent should write it in its final answer.
+    fn format_action(&self, action: &Self::Action) -> String;
+}
+
+/// The environments, as one closed type the workflows hold.
+#[derive(Debug, Clone)]
+pub enum AnyEnv {
+    PlanPath(PlanPath),
+    Sudoku(Sudoku),
+    Sokoban(Sokoban),
+    TicTacToe(TicTacToe),
+    Math(Math),
+    Code(Code),
+}
+
+/// An action as JSON, or why the reply did not parse, plus the step it caused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acted {
+    pub action: Result<String, String>,
+    pub step: Option<Step>,
+}
+
+fn act<E: Env>(env: &mut E, text: &str, sandbox: &Sandbox) -> Acted {
+    match env.parse(text) {
+        Ok(action) => {
+            let json = serde_json::to_string(&action).expect("actions serialise");
+            let step = env.step(&action, sandbox);
+            Acted { action: Ok(json), step: Some(step) }
+        }
+        Err(reason) => Acted { action: Err(reason), step: None },
+    }
+}
+
+macro_rules! each_env {
+    ($value:expr, $env:ident => $body:expr) => {
+        match $value {
+            AnyEnv::PlanPath($env) => $body,
+            AnyEnv::Sudoku($env) => $body,
+            AnyEnv::Sokoban($env) => $body,
+            AnyEnv::TicTacToe($env) => $body,
+            AnyEnv::Math($env) => $body,
+            AnyEnv::Code($env) => $body,
+        }
+    };
+}
+
+impl AnyEnv {
+    /// The environment of a `tasks` row: `instance` is its JSON column.
+    pub fn from_instance(config: &EnvConfig, instance: &str) -> Result<AnyEnv, Error> {
+        Ok(match config {
+            EnvConfig::PlanPath(c) => AnyEnv::PlanPath(PlanPath::from_instance(c, instance)?),
+            EnvConfig::Sudoku(_) => AnyEnv::Sudoku(Sudoku::from_instance(instance)?),
+            EnvConfig::Sokoban(c) => AnyEnv::Sokoban(Sokoban::from_instance(c, instance)?),
+            EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::from_instance(instance)?),
+            EnvConfig::Math(c) => AnyEnv::Math(Math::from_instance(c, instance)?),
+            EnvConfig::Code(c) => AnyEnv::Code(Code::from_instance(c, instance)?),
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            AnyEnv::PlanPath(_) => "plan_path",
+            AnyEnv::Sudoku(_) => "sudoku",
+            AnyEnv::Sokoban(_) => "sokoban",
+            AnyEnv::TicTacToe(_) => "tic_tac_toe",
+            AnyEnv::Math(_) => "math",
+            AnyEnv::Code(_) => "code",
+        }
+    }
+
+    pub fn rules(&self) -> String {
+        each_env!(self, e => e.rules())
+    }
+
+    pub fn observation(&self) -> String {
+        each_env!(self, e => e.observation())
+    }
+
+    /// Parses a reply and, if it parsed, steps.
+    pub fn act(&mut self, text: &str, sandbox: &Sandbox) -> Acted {
+        each_env!(self, e => act(e, text, sandbox))
+    }
+
+    pub fn done(&self) -> bool {
+        each_env!(self, e => e.done())
+    }
+
+    pub fn success(&self) -> bool {
+        each_env!(self, e => e.success())
+    }
+
+    pub fn team_reward(&self) -> f64 {
+        each_env!(self, e => e.team_reward())
+    }
+
+    /// The oracle's answer from the current state, written as an agent would.
+    pub fn solution_text(&self) -> Option<String> {
+        each_env!(self, e => e.solve().map(|a| e.format_action(&a)))
+    }
+}
+
+/// Text of a reply after the last `####` marker (the final-answer line of the
+/// prompts), or None when there is no marker.
+pub fn after_marker(text: &str) -> Option<&str> {
+    text.rfind("####").map(|i| text[i + 4..].trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_follows_the_last_marker() {
+        assert_eq!(after_marker("think #### no\n#### RRD \n"), Some("RRD"));
+        assert_eq!(after_marker("no marker"), None);
+    }
+}

@@ -1,0 +1,214 @@
+//! The sandbox battery: each threat of the module doc, provoked for real.
+//! Tests of what only full isolation promises return early (with a note) when not root.
+
+use std::time::Duration;
+
+use super::*;
+
+fn sandbox(timeout_secs: u64) -> Sandbox {
+    Sandbox::new(SandboxConfig { timeout: Duration::from_secs(timeout_secs), ..SandboxConfig::default() })
+        .expect("python3 runs in the sandbox")
+}
+
+fn full(sandbox: &Sandbox, test: &str) -> bool {
+    let full = sandbox.isolation() == Isolation::Full;
+    if !full {
+        eprintln!("{test}: skipped, full isolation needs root");
+    }
+    full
+}
+
+/// Processes whose real uid is `uid`, from /proc.
+fn processes_of(uid: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let real = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().next());
+        if real == Some(uid.to_string().as_str()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The host still runs programs normally.
+fn assert_host_works(sandbox: &Sandbox) {
+    let out = sandbox.run(&Program::new("print(sum(range(10)))")).unwrap();
+    assert_eq!((out.status, out.stdout.as_str()), (Status::Exited(0), "45\n"));
+}
+
+#[test]
+fn a_program_reads_stdin_and_its_own_files_and_reports_its_exit_code() {
+    let sandbox = sandbox(20);
+    let mut program = Program::new("import helper\nx = input()\nprint(helper.double(int(x)))\nraise SystemExit(3)")
+        .with_stdin("21\n");
+    program.files.push(("helper.py".into(), "def double(x):\n    return 2 * x\n".into()));
+    // main.py's folder is on sys.path, so sibling files import.
+    let out = sandbox.run(&program).unwrap();
+    assert_eq!(out.stdout, "42\n");
+    assert_eq!(out.status, Status::Exited(3));
+    let crash = sandbox.run(&Program::new("1/0")).unwrap();
+    assert_eq!(crash.status, Status::Exited(1));
+    assert_eq!(crash.error_line(), "ZeroDivisionError: division by zero");
+}
+
+#[test]
+fn string_hashing_is_reproducible() {
+    let sandbox = sandbox(20);
+    let code = "print(list({'alpha', 'beta', 'gamma', 'delta', 'epsilon'}))";
+    let first = sandbox.run(&Program::new(code)).unwrap().stdout;
+    for _ in 0..3 {
+        assert_eq!(sandbox.run(&Program::new(code)).unwrap().stdout, first);
+    }
+}
+
+#[test]
+fn an_infinite_loop_is_killed_at_the_deadline() {
+    let sandbox = sandbox(20);
+    let program =
+        Program::new("print('started', flush=True)\nwhile True:\n    pass").with_timeout(Duration::from_secs(1));
+    let out = sandbox.run(&program).unwrap();
+    assert_eq!(out.status, Status::TimedOut);
+    assert_eq!(out.stdout, "started\n", "output before the kill is kept");
+    assert!(out.elapsed >= Duration::from_secs(1) && out.elapsed < Duration::from_secs(4), "{:?}", out.elapsed);
+    assert_eq!(out.error_line(), "timeout");
+    assert_host_works(&sandbox);
+}
+
+#[test]
+fn a_memory_bomb_fails_cleanly() {
+    let sandbox = sandbox(20);
+    let code = "chunks = []\nwhile True:\n    chunks.append(bytearray(256 << 20))";
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(1), "{}", out.stderr);
+    assert!(out.stderr.contains("MemoryError"), "{}", out.stderr);
+    assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
+    assert_host_works(&sandbox);
+}
+
+#[test]
+fn a_fork_bomb_is_contained_and_leaves_nothing_behind() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "fork bomb") {
+        return;
+    }
+    // Counts how many processes it managed to start, then keeps them all alive.
+    let code = "import os, sys, time\nuid = os.getuid()\nn = 0\nfor _ in range(10000):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        time.sleep(600)\n        os._exit(0)\n    n += 1\nprint(uid, n, flush=True)\ntime.sleep(600)";
+    let out = sandbox.run(&Program::new(code).with_timeout(Duration::from_secs(3))).unwrap();
+    assert_eq!(out.status, Status::TimedOut);
+    let fields: Vec<u64> = out.stdout.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    let (uid, forks) = (fields[0] as u32, fields[1]);
+    assert!(forks < sandbox.config().max_processes, "{forks} forks succeeded");
+    assert!(forks >= 5, "forking works up to the limit, got {forks}");
+    assert_eq!(processes_of(uid), Vec::<u32>::new(), "processes of uid {uid} outlived the run");
+
+    // The classic bomb, which never stops trying.
+    let bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass";
+    let out = sandbox.run(&Program::new(bomb).with_timeout(Duration::from_secs(2))).unwrap();
+    assert_eq!(out.status, Status::TimedOut);
+    assert_eq!(processes_of(uid), Vec::<u32>::new());
+    assert_host_works(&sandbox);
+}
+
+#[test]
+fn a_background_process_dies_with_its_program() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "background process") {
+        return;
+    }
+    let code = "import os, subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\nprint(os.getuid())";
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    let uid: u32 = out.stdout.trim().parse().unwrap();
+    assert_eq!(processes_of(uid), Vec::<u32>::new());
+}
+
+#[test]
+fn writes_outside_the_temp_dir_are_refused_or_vanish() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "writes") {
+        return;
+    }
+    let host = tempfile::tempdir().unwrap();
+    let host_file = host.path().join("escape.txt");
+    let scratch_name = format!("petting-escape-{}.txt", std::process::id());
+    let code = format!(
+        "import os\n\
+         open('mine.txt', 'w').write('ok')\n\
+         print('own dir', open('mine.txt').read())\n\
+         for path in [{host:?}, '/etc/petting-escape.txt', '/root/petting-escape.txt']:\n\
+         \x20   try:\n\
+         \x20       open(path, 'w').write('x')\n\
+         \x20       print('wrote', path)\n\
+         \x20   except OSError:\n\
+         \x20       print('refused')\n\
+         open('/tmp/{scratch_name}', 'w').write('x')\n\
+         print('scratch', os.path.exists('/tmp/{scratch_name}'))",
+        host = host_file.to_str().unwrap()
+    );
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "own dir ok\nrefused\nrefused\nrefused\nscratch True\n");
+    assert!(!host_file.exists());
+    assert!(!Path::new("/etc/petting-escape.txt").exists());
+    assert!(!std::env::temp_dir().join(&scratch_name).exists(), "the scratch write reached the host's /tmp");
+}
+
+#[test]
+fn the_network_is_unreachable_even_on_loopback() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "network") {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n    print('connected')\nexcept OSError as e:\n    print('blocked', e.errno)"
+    );
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert!(out.stdout.starts_with("blocked"), "{} {}", out.stdout, out.stderr);
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "a connection arrived");
+}
+
+#[test]
+fn an_output_flood_is_truncated() {
+    let sandbox = sandbox(20);
+    let code = "import sys\nchunk = 'x' * 65536\nfor _ in range(1600):\n    sys.stdout.write(chunk)\n    sys.stderr.write(chunk)\nprint('end')";
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0));
+    let limit = sandbox.config().output_limit;
+    assert_eq!((out.stdout.len(), out.stderr.len()), (limit, limit));
+    assert!(out.stdout_truncated && out.stderr_truncated);
+    assert!(out.stdout.bytes().all(|b| b == b'x'));
+    assert_host_works(&sandbox);
+}
+
+#[test]
+fn runs_in_parallel_are_bounded_and_all_complete() {
+    let sandbox = Sandbox::new(SandboxConfig { max_parallel: 2, ..SandboxConfig::default() }).unwrap();
+    let started = Instant::now();
+    let outputs: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                let sandbox = &sandbox;
+                scope.spawn(move || {
+                    sandbox.run(&Program::new(format!("import time\ntime.sleep(0.5)\nprint({i})"))).unwrap().stdout
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(outputs, (0..6).map(|i| format!("{i}\n")).collect::<Vec<_>>());
+    // Six half-second runs, two at a time: at least three rounds.
+    assert!(started.elapsed() >= Duration::from_millis(1500), "{:?}", started.elapsed());
+}
+
+#[test]
+fn odd_file_names_are_refused() {
+    let sandbox = sandbox(20);
+    let mut program = Program::new("print(1)");
+    program.files.push(("../evil.py".into(), String::new()));
+    assert!(matches!(sandbox.run(&program), Err(Error::WorkDir { .. })));
+}

@@ -1,0 +1,148 @@
+//! The prompt texts: plain text for a chat model (the chat template is applied by the
+//! model layer), the same for tiny and real models. Each prompt says who the agent is,
+//! the task and its current state, what the other agent did, a short history, and the
+//! exact answer format.
+
+use crate::envs::AnyEnv;
+
+/// What a tool agent's program finds predefined, per environment.
+pub fn tool_help(env: &AnyEnv) -> &'static str {
+    match env {
+        AnyEnv::PlanPath(_) => {
+            "Predefined in your program: grid (a list of row strings), S (your position as (row, column)), G (the goal) and\n\
+             - bfs(grid, S, G): the moves of a shortest path as a string such as 'RRD'\n\
+             - greedy(grid, S, G): walks straight towards G and stops at the first wall\n\
+             - random_walk(grid, S, G, seed=0): random moves, a third of them towards G\n\
+             Print the moves, for example:\n```python\nprint(bfs(grid, S, G))\n```"
+        }
+        AnyEnv::Sudoku(_) => {
+            "Predefined in your program: N (the side), grid (a list of rows, 0 for an empty cell) and\n\
+             - solve(grid): the solved grid by backtracking\n\
+             - first_fit(grid): fills each empty cell with the smallest digit that fits, without backtracking\n\
+             Print the completed grid as a list of rows, for example:\n```python\nprint(solve(grid))\n```"
+        }
+        AnyEnv::Sokoban(_) => {
+            "Predefined in your program: room (a list of row strings) and\n\
+             - parse_room(room): (walls, goals, boxes, player) as sets of (row, column)\n\
+             - solve(room): the moves of a shortest solution as a string such as 'RRUL'\n\
+             Print the moves, for example:\n```python\nprint(solve(room))\n```"
+        }
+        AnyEnv::Math(_) => "Print only the final answer on the last line, for example:\n```python\nprint(2 + 3)\n```",
+        AnyEnv::TicTacToe(_) | AnyEnv::Code(_) => "",
+    }
+}
+
+/// How the final answer is written, per environment.
+pub fn answer_format(env: &AnyEnv) -> &'static str {
+    match env {
+        AnyEnv::PlanPath(_) | AnyEnv::Sokoban(_) => "End your reply with the moves after ####, for example: #### RRDL",
+        AnyEnv::Sudoku(_) => {
+            "End your reply with the completed grid after ####, for example: #### [[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]]"
+        }
+        AnyEnv::TicTacToe(_) => "End your reply with your cell after ####, for example: #### 1,2",
+        AnyEnv::Math(_) => "Think step by step, then give the final answer in \\boxed{}.",
+        AnyEnv::Code(_) => "Reply with the complete program in one ```python block.",
+    }
+}
+
+fn state(env: &AnyEnv) -> String {
+    let observation = env.observation();
+    if observation.is_empty() { String::new() } else { format!("\n\nCurrent state:\n{observation}") }
+}
+
+fn history_block(history: &[String]) -> String {
+    if history.is_empty() { String::new() } else { format!("\n\nSo far:\n{}", history.join("\n")) }
+}
+
+pub fn single_agent(env: &AnyEnv, history: &[String]) -> String {
+    format!(
+        "You solve the task on your own.\n\n{}{}{}\n\n{}",
+        env.rules(),
+        state(env),
+        history_block(history),
+        answer_format(env)
+    )
+}
+
+pub fn tool_agent(env: &AnyEnv, history: &[String]) -> String {
+    format!(
+        "You are the tool agent of a team of two. Write a short Python program whose printed output answers the task; \
+         your teammate reads your program and its output before answering.\n\n{}{}{}\n\n{}\nReply with one ```python block.",
+        env.rules(),
+        state(env),
+        history_block(history),
+        tool_help(env)
+    )
+}
+
+/// What the teammate sees of a tool run.
+pub fn tool_report(code: &str, output: &str) -> String {
+    format!("Tool agent's program:\n```python\n{}\n```\nIts output:\n{}", code.trim_end(), output)
+}
+
+pub fn planner(env: &AnyEnv, tool: Option<&str>, history: &[String]) -> String {
+    let tool = tool.map(|t| format!("\n\n{t}")).unwrap_or_default();
+    format!(
+        "You are the planner of a team of two. Read the task and the tool agent's program and output, then decide: \
+         adopt its answer if it is right, or write your own.\n\n{}{}{}{}\n\n{}",
+        env.rules(),
+        state(env),
+        tool,
+        history_block(history),
+        answer_format(env)
+    )
+}
+
+pub fn reasoner(env: &AnyEnv, tool: Option<&str>, history: &[String]) -> String {
+    let tool = tool.map(|t| format!("\n\n{t}")).unwrap_or_default();
+    format!(
+        "You are the reasoner of a team of two. A tool agent computed an answer with code; check its work, reason \
+         carefully and give your own answer.\n\n{}{}{}\n\n{}",
+        env.rules(),
+        tool,
+        history_block(history),
+        answer_format(env)
+    )
+}
+
+pub fn coder(env: &AnyEnv, last_code: Option<&str>, test_report: Option<&str>, history: &[String]) -> String {
+    let mut extra = String::new();
+    if let Some(code) = last_code {
+        extra.push_str(&format!("\n\nYour previous program:\n```python\n{}\n```", code.trim_end()));
+    }
+    if let Some(report) = test_report {
+        extra.push_str(&format!(
+            "\n\nThe tester's tests on it:\n{report}\nDecide whether the program or the test is wrong, and fix the program if it is."
+        ));
+    }
+    format!(
+        "You are the coder of a team of two; a tester writes test cases for your program. Read the input with input() \
+         or sys.stdin and print the answer; do not hard-code the examples.\n\n{}{}{}\n\n{}",
+        env.rules(),
+        extra,
+        history_block(history),
+        answer_format(env)
+    )
+}
+
+pub fn tester(env: &AnyEnv, code: Option<&str>, history: &[String]) -> String {
+    let code = code.map(|c| format!("\n\nThe coder's program:\n```python\n{}\n```", c.trim_end())).unwrap_or_default();
+    format!(
+        "You are the tester of a team of two. Write new test cases for the problem and work out each expected output \
+         by hand, carefully; the coder's program will be run on them.\n\n{}{}{}\n\n\
+         Write each test as:\n**Test Input:**\n```\n<input>\n```\n**Test Output:**\n```\n<expected output>\n```",
+        env.rules(),
+        code,
+        history_block(history)
+    )
+}
+
+pub fn player(env: &AnyEnv, history: &[String]) -> String {
+    format!(
+        "You are playing tic-tac-toe against another player.\n\n{}{}{}\n\n{}",
+        env.rules(),
+        state(env),
+        history_block(history),
+        answer_format(env)
+    )
+}
