@@ -49,6 +49,9 @@ pub struct CheckpointMeta {
     pub weights_sha256: String,
     /// The petting build that wrote it.
     pub code_version: String,
+    /// For an adapter: sha256 of the base model's weights it was trained on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_weights_sha256: Option<String>,
 }
 
 impl CheckpointMeta {
@@ -145,6 +148,7 @@ impl Policy {
             weights_file: WEIGHTS_FILE.into(),
             weights_sha256: sha256_file(&weights)?,
             code_version: crate::CODE_VERSION.into(),
+            base_weights_sha256: None,
         };
         write_json(&dir.join(META_FILE), &meta)?;
         Ok(meta)
@@ -174,6 +178,7 @@ impl Policy {
             weights_file: ADAPTER_WEIGHTS_FILE.into(),
             weights_sha256: sha256_file(&weights)?,
             code_version: crate::CODE_VERSION.into(),
+            base_weights_sha256: None,
         };
         write_json(&dir.join(META_FILE), &meta)?;
         Ok(meta)

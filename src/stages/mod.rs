@@ -2,8 +2,10 @@
 //! run, writes its own, and commits them; no stage calls another.
 
 pub mod advantage;
+pub mod checkpoints;
 pub mod group;
 pub mod prepare_data;
+pub mod update;
 
 use std::path::Path;
 

@@ -81,9 +81,10 @@ pub struct StageId {
 }
 
 impl StageId {
-    /// A run-level stage such as prepare-data.
+    /// A run-level stage: prepare-data, or the update that commits every policy's v0
+    /// (`_commits/update.json`) before iteration 0.
     pub fn run_level(stage: Stage) -> StageId {
-        assert!(stage.is_run_level(), "{stage} runs once per iteration");
+        assert!(stage.is_run_level() || stage == Stage::Update, "{stage} runs once per iteration");
         StageId { stage, iteration: None, shard: None }
     }
 
@@ -193,6 +194,7 @@ mod tests {
     #[test]
     fn marker_paths_follow_the_design() {
         assert_eq!(StageId::run_level(Stage::PrepareData).marker_path(), "_commits/prepare-data.json");
+        assert_eq!(StageId::run_level(Stage::Update).marker_path(), "_commits/update.json");
         assert_eq!(StageId::at(Stage::Rollout, 7).marker_path(), "_commits/iteration=7/rollout.json");
         assert_eq!(
             StageId::at(Stage::Rollout, 7).with_shard(2, 4).marker_path(),
@@ -204,6 +206,7 @@ mod tests {
     fn marker_paths_parse_back() {
         for id in [
             StageId::run_level(Stage::PrepareData),
+            StageId::run_level(Stage::Update),
             StageId::at(Stage::Evaluate, 12),
             StageId::at(Stage::Rollout, 0).with_shard(3, 4),
         ] {

@@ -10,3 +10,4 @@ mod libtorch;
 mod model;
 mod stages;
 mod store;
+mod update;

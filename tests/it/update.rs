@@ -1,0 +1,483 @@
+//! The update stage on tiny runs: v0 from the HF fixtures (full and LoRA), a rollout
+//! whose logprobs come from scoring with the committed v0 (so drift is ~0), the real
+//! group and advantage stages, then update; plus every refusal of the strict
+//! on-policy check and the warm start.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use petting::config::{self, RunConfig};
+use petting::model::{ChatMessage, LoadOptions, Policy, ScoreRequest, TemplateOptions};
+use petting::schema::Table;
+use petting::stages::checkpoints::{self, LoadedPolicy};
+use petting::stages::{advantage, group, update};
+use petting::store::{CommitInfo, CommitMarker, Partition, PolicyRef, RunStore, Split, Stage, StageId};
+use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
+
+use crate::model::shared_dir;
+use crate::support::block_on;
+use crate::support::synthetic::Mix;
+
+fn fixture() -> PathBuf {
+    shared_dir().join("fixtures/hf-tiny-qwen3")
+}
+
+/// Two policies on the tiny Qwen3: `tool_p` fine-tunes all weights, `plan_p` a LoRA adapter.
+fn config_text(store: &Path, extra: &str) -> String {
+    let model = fixture().display().to_string();
+    format!(
+        "store: {store}
+name: it
+seed: 11
+iterations: 2
+env: {{name: plan_path}}
+workflow: {{kind: tool_planner}}
+agents: {{tool: {{policy: tool_p}}, planner: {{policy: plan_p}}}}
+policies:
+  tool_p: {{model: {model}, optimizer: {{lr: 0.001}}}}
+  plan_p: {{model: {model}, optimizer: {{lr: 0.002}}, lora: {{rank: 4, alpha: 8.0}}}}
+rollout: {{tasks_per_iteration: 3, k: 4}}
+evaluation: {{tasks: 2}}
+data: {{train_tasks: 3, test_tasks: 2}}
+update: {{mini_batch_sequences: 5, micro_batch_tokens: 64}}
+{extra}",
+        store = store.display()
+    )
+}
+
+struct Run {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    store: RunStore,
+    config: RunConfig,
+}
+
+fn new_run(extra: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run");
+    std::fs::create_dir_all(&path).unwrap();
+    let text = config_text(&path, extra);
+    let config = config::parse(&text, Path::new("it.yaml")).unwrap();
+    let store = RunStore::open(path.to_str().unwrap()).unwrap();
+    block_on(store.init_config(&text)).unwrap();
+    Run { _dir: dir, path, store, config }
+}
+
+/// How a synthetic rollout departs from an honest one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Tamper {
+    None,
+    /// The marker records other weights for tool_p than its latest checkpoint.
+    WeightsHash,
+    /// One turns row claims another version.
+    RowVersion,
+    /// The marker also names a turns part written under another iteration.
+    ForeignPart,
+}
+
+const TASKS: usize = 3;
+const K: usize = 4;
+
+/// Turns rows of `iteration` for every (task, agent, branch), each response scored by
+/// the committed checkpoint of its policy, so they are what that checkpoint sampled.
+fn turn_rows(loaded: &mut BTreeMap<String, LoadedPolicy>, config: &RunConfig, iteration: u32) -> Vec<TurnRow> {
+    let mut mix = Mix::new(u64::from(iteration) + 5);
+    let mut rows = Vec::new();
+    for task in 0..TASKS {
+        for agent in ["tool", "planner"] {
+            let policy = config.agents[agent].policy.clone();
+            let prompt: Vec<i32> = (0..6 + mix.below(6)).map(|_| 3 + mix.below(500) as i32).collect();
+            for branch in 0..K {
+                let response: Vec<i32> = (0..2 + mix.below(6)).map(|_| 3 + mix.below(500) as i32).collect();
+                let reward = (mix.below(3) as f64) / 2.0;
+                rows.push(turn(&policy, iteration, task, agent, branch, &prompt, &response, reward));
+            }
+        }
+    }
+    for (name, l) in loaded.iter_mut() {
+        let mine: Vec<usize> = (0..rows.len()).filter(|&i| &rows[i].policy == name).collect();
+        let requests: Vec<ScoreRequest> = mine
+            .iter()
+            .map(|&i| ScoreRequest {
+                prompt_ids: rows[i].prompt_tokens.iter().map(|&t| i64::from(t)).collect(),
+                response_ids: rows[i].response_tokens.iter().map(|&t| i64::from(t)).collect(),
+                adapter: l.adapter().map(str::to_owned),
+            })
+            .collect();
+        let scored = l.policy.score(&requests, 4096).unwrap();
+        for (i, logprobs) in mine.into_iter().zip(scored) {
+            rows[i].response_logprobs = logprobs;
+        }
+    }
+    rows
+}
+
+#[allow(clippy::too_many_arguments)]
+fn turn(
+    policy: &str,
+    iteration: u32,
+    task: usize,
+    agent: &str,
+    branch: usize,
+    prompt: &[i32],
+    response: &[i32],
+    reward: f64,
+) -> TurnRow {
+    TurnRow {
+        candidate_id: format!("task-{task}/e0/t0/{agent}/b{branch}"),
+        run: "it".into(),
+        task_id: format!("task-{task}"),
+        episode: 0,
+        turn: 0,
+        agent: agent.into(),
+        policy: policy.into(),
+        policy_version: iteration,
+        branch: branch as u32,
+        node_id: branch as u32,
+        parent_id: None,
+        selected: branch == 0,
+        prompt_text: "p".into(),
+        prompt_tokens: prompt.to_vec(),
+        response_text: "r".into(),
+        response_tokens: response.to_vec(),
+        response_logprobs: Vec::new(),
+        finish_reason: "eos".into(),
+        action: None,
+        parse_error: None,
+        feedback: None,
+        local_reward: reward,
+        team_reward: 0.0,
+        done: true,
+        success: reward > 0.5,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        sampling_seed: 1,
+        generation_seconds: 0.0,
+    }
+}
+
+/// Commits a rollout of `iteration` sampled (scored) by the latest checkpoints, then
+/// runs the real group and advantage stages.
+async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
+    let mut loaded = BTreeMap::new();
+    let mut used = Vec::new();
+    for name in run.config.policies.keys() {
+        let latest = checkpoints::latest(&run.store, name).await.unwrap().unwrap();
+        let l = checkpoints::load(&run.store, &run.config, name, latest.version).await.unwrap();
+        assert_eq!(l.weights_sha256, latest.weights_sha256);
+        used.push(PolicyRef { policy: name.clone(), version: l.version, weights_sha256: l.weights_sha256.clone() });
+        loaded.insert(name.clone(), l);
+    }
+    let mut rows = turn_rows(&mut loaded, &run.config, iteration);
+    match tamper {
+        Tamper::WeightsHash => used.iter_mut().find(|u| u.policy == "tool_p").unwrap().weights_sha256 = "0".repeat(64),
+        Tamper::RowVersion => rows[5].policy_version = iteration + 1,
+        Tamper::None | Tamper::ForeignPart => {}
+    }
+    let mut writer = run.store.begin(StageId::at(Stage::Rollout, iteration));
+    let batch = tables::to_batch(&rows).unwrap();
+    writer.write_table(Table::Turns, Partition::Iteration(iteration), &[batch]).await.unwrap();
+    if tamper == Tamper::ForeignPart {
+        let stray = tables::to_batch(&rows[..2]).unwrap();
+        writer.write_table(Table::Turns, Partition::Iteration(iteration + 1), &[stray]).await.unwrap();
+    }
+    let info = CommitInfo {
+        run: "it".into(),
+        policies_used: used,
+        seed: 11,
+        config_sha256: run.config.sha256(),
+        ..CommitInfo::default()
+    };
+    writer.finish().commit(info).await.unwrap();
+    group::run(&run.store, &run.config, iteration).await.unwrap();
+    advantage::run(&run.store, &run.config, iteration).await.unwrap();
+    rows
+}
+
+fn samples_of(run: &Run, iteration: u32) -> Vec<SampleRow> {
+    block_on(async {
+        let markers = run.store.committed(Stage::Advantage, Some(iteration)).await.unwrap().unwrap();
+        run.store.read_rows(&[&markers[0].marker]).await.unwrap()
+    })
+}
+
+fn update_rows(run: &Run, marker: &CommitMarker) -> Vec<UpdateRow> {
+    block_on(run.store.read_rows(&[marker])).unwrap()
+}
+
+/// Nothing committed for the update, and nothing but `orphans_under` left behind.
+fn assert_nothing_committed(run: &Run, iteration: u32, orphans_under: Option<&str>) {
+    block_on(async {
+        assert!(run.store.marker(&StageId::at(Stage::Update, iteration)).await.unwrap().is_none());
+        let report = run.store.gc(Duration::ZERO, true).await.unwrap();
+        let stray: Vec<_> = report
+            .deleted
+            .iter()
+            .filter(|(path, _)| orphans_under.is_none_or(|prefix| !path.starts_with(prefix)))
+            .collect();
+        assert!(stray.is_empty(), "the refused update left {stray:?}");
+    });
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
+    let run = new_run("");
+    let v0 = block_on(update::initialise(&run.store, &run.config)).unwrap();
+    assert_eq!(v0.stage_id().marker_path(), "_commits/update.json");
+    let versions: Vec<(String, u32)> = v0.checkpoints.iter().map(|c| (c.policy.clone(), c.version)).collect();
+    assert_eq!(versions, vec![("plan_p".into(), 0), ("tool_p".into(), 0)]);
+    // tool_p's v0 is the fixture's weights, byte for byte; plan_p's is an adapter over a committed base.
+    let fixture_sha = petting::model::sha256_file(&fixture().join("model.safetensors")).unwrap();
+    assert_eq!(v0.checkpoints[1].weights_sha256, fixture_sha);
+    assert!(v0.files.iter().any(|f| f.path.starts_with("checkpoints/plan_p/base.") && f.sha256 == fixture_sha));
+    let adapter = format!("checkpoints/plan_p/v000000.{}/adapter_model.safetensors", v0.attempt);
+    assert!(v0.files.iter().any(|f| f.path == adapter), "no {adapter}");
+
+    block_on(rollout(&run, 0, Tamper::None));
+    // A copy of the run as it stands, to check that a rerun writes the same weights.
+    let twin_dir = tempfile::tempdir().unwrap();
+    copy_dir(&run.path, twin_dir.path());
+
+    let marker = block_on(update::run(&run.store, &run.config, 0)).unwrap();
+    let used: Vec<(String, u32)> = marker.policies_used.iter().map(|p| (p.policy.clone(), p.version)).collect();
+    assert_eq!(used, vec![("plan_p".into(), 0), ("tool_p".into(), 0)]);
+    let new: Vec<(String, u32, Option<u32>)> =
+        marker.checkpoints.iter().map(|c| (c.policy.clone(), c.version, c.parent_version)).collect();
+    assert_eq!(new, vec![("plan_p".into(), 1, Some(0)), ("tool_p".into(), 1, Some(0))]);
+    for (old, new) in v0.checkpoints.iter().zip(&marker.checkpoints) {
+        assert_ne!(old.weights_sha256, new.weights_sha256, "{} did not change", new.policy);
+    }
+
+    // One row per step; each policy saw exactly its own samples (1 epoch).
+    let rows = update_rows(&run, &marker);
+    let samples = samples_of(&run, 0);
+    for policy in ["plan_p", "tool_p"] {
+        let mine: Vec<&UpdateRow> = rows.iter().filter(|r| r.policy == policy).collect();
+        let expected = samples.iter().filter(|s| s.policy == policy).count();
+        assert!(expected > 5, "{policy}: too few samples ({expected}) to need two steps");
+        assert_eq!(mine.iter().map(|r| r.sequences as usize).sum::<usize>(), expected, "{policy}");
+        assert_eq!(mine.len(), expected.div_ceil(5), "{policy}");
+        assert_eq!(mine.iter().map(|r| r.step).collect::<Vec<_>>(), (0..mine.len() as u32).collect::<Vec<_>>());
+        for r in &mine {
+            assert!(r.loss.is_finite() && r.grad_norm.is_finite() && r.grad_norm > 0.0, "{r:?}");
+            assert_eq!((r.mode.as_str(), r.version_from, r.version_to), ("ppo", 0, 1));
+            assert!(r.logprob_drift_max < 1e-4, "scored by the same weights: {r:?}");
+        }
+        // The first step is on-policy: every ratio is 1.
+        assert!((mine[0].ratio_mean - 1.0).abs() < 1e-6 && mine[0].clip_fraction == 0.0, "{:?}", mine[0]);
+    }
+
+    // v1 loads, and is now the latest.
+    block_on(async {
+        for policy in ["plan_p", "tool_p"] {
+            let latest = checkpoints::latest(&run.store, policy).await.unwrap().unwrap();
+            assert_eq!(latest.version, 1);
+            let loaded = checkpoints::load(&run.store, &run.config, policy, 1).await.unwrap();
+            assert_eq!(loaded.weights_sha256, latest.weights_sha256);
+            assert_eq!(loaded.adapter().is_some(), policy == "plan_p");
+        }
+    });
+    let again = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    assert!(again.to_string().contains("already committed"), "{again}");
+
+    // Bit-identical rerun on CPU.
+    let twin = RunStore::open(twin_dir.path().to_str().unwrap()).unwrap();
+    let twin_marker = block_on(update::run(&twin, &run.config, 0)).unwrap();
+    let sha = |m: &CommitMarker| m.checkpoints.iter().map(|c| c.weights_sha256.clone()).collect::<Vec<_>>();
+    assert_eq!(sha(&twin_marker), sha(&marker));
+}
+
+#[test]
+fn update_refuses_a_rollout_sampled_with_other_weights() {
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(rollout(&run, 0, Tamper::WeightsHash));
+    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    assert!(matches!(err, update::Error::WeightsMismatch { .. }), "{err}");
+    let message = err.to_string();
+    let latest = block_on(checkpoints::latest(&run.store, "tool_p")).unwrap().unwrap();
+    for part in ["\"tool_p\"", &"0".repeat(64), &latest.weights_sha256, "nothing was written"] {
+        assert!(message.contains(part), "{message} lacks {part}");
+    }
+    assert_nothing_committed(&run, 0, None);
+}
+
+#[test]
+fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
+    let run = new_run("");
+    let v0 = block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(rollout(&run, 0, Tamper::None));
+    // Same size, one byte different: only the sha256 tells.
+    let weights = v0
+        .files
+        .iter()
+        .find(|f| f.path.starts_with("checkpoints/tool_p/v000000.") && f.path.ends_with("/model.safetensors"))
+        .unwrap();
+    let file = run.path.join(&weights.path);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&file, bytes).unwrap();
+
+    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains(&weights.path) && message.contains("corrupt"), "{message}");
+    // plan_p trains before tool_p is loaded: its new adapter may be left as an orphan.
+    assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+}
+
+#[test]
+fn update_refuses_a_row_of_another_version() {
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    let rows = block_on(rollout(&run, 0, Tamper::RowVersion));
+    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    assert!(matches!(err, update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
+    assert!(err.to_string().contains(&rows[5].candidate_id), "{err}");
+    assert_nothing_committed(&run, 0, None);
+}
+
+#[test]
+fn update_refuses_a_turns_part_of_another_iteration() {
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(rollout(&run, 0, Tamper::ForeignPart));
+    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    assert!(matches!(err, update::Error::ForeignPart { iteration: 0, .. }), "{err}");
+    assert!(err.to_string().contains("turns/iteration=1/"), "{err}");
+    assert_nothing_committed(&run, 0, None);
+}
+
+#[test]
+fn update_refuses_without_v0_or_out_of_step() {
+    let run = new_run("");
+    // No v0 committed: nothing to train from.
+    block_on(async {
+        let mut writer = run.store.begin(StageId::at(Stage::Rollout, 0));
+        let info = CommitInfo { run: "it".into(), ..CommitInfo::default() };
+        writer.write_table(Table::Turns, Partition::Iteration(0), &[]).await.unwrap();
+        writer.finish().commit(info).await.unwrap();
+        group::run(&run.store, &run.config, 0).await.unwrap();
+        advantage::run(&run.store, &run.config, 0).await.unwrap();
+    });
+    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    assert!(matches!(err, update::Error::NoCheckpoint { .. }), "{err}");
+    // With v0 but asked for iteration 1: v1 is not the latest.
+    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(rollout(&run, 1, Tamper::None));
+    let err = block_on(update::run(&run.store, &run.config, 1)).unwrap_err();
+    assert!(matches!(err, update::Error::NotAligned { latest: 0, iteration: 1, .. }), "{err}");
+}
+
+/// A prepare-data commit as the embedded default makes it: the tokenizer files and a
+/// few demonstrations.
+async fn prepare_data(store: &RunStore, demos: &[DemonstrationRow]) {
+    let mut writer = store.begin(StageId::run_level(Stage::PrepareData));
+    let dir = format!("tokenizer.{}", writer.attempt());
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        let bytes = std::fs::read(fixture().join(name)).unwrap();
+        writer.write_file(format!("{dir}/{name}"), bytes.into()).await.unwrap();
+    }
+    let batch = tables::to_batch(demos).unwrap();
+    writer.write_table(Table::Demonstrations, Partition::Split(Split::Train), &[batch]).await.unwrap();
+    writer.finish().commit(CommitInfo { run: "it".into(), ..CommitInfo::default() }).await.unwrap();
+}
+
+fn demo(i: usize, agent: &str, prompt: &str, response: &str) -> DemonstrationRow {
+    DemonstrationRow {
+        demo_id: format!("t{i}/d0/t0/{agent}"),
+        task_id: format!("t{i}"),
+        turn: 0,
+        agent: agent.into(),
+        prompt: prompt.into(),
+        response: response.into(),
+        choice: "tool_bfs".into(),
+        local_reward: 1.0,
+    }
+}
+
+#[test]
+fn warm_start_sft_lowers_the_demonstration_loss() {
+    let model = fixture().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "store: {store}
+name: warm
+iterations: 1
+env: {{name: plan_path}}
+workflow: {{kind: tool_planner}}
+agents: {{tool: {{policy: shared}}, planner: {{policy: shared}}}}
+policies: {{shared: {{model: {model}, init: scratch}}}}
+rollout: {{tasks_per_iteration: 2}}
+evaluation: {{tasks: 2}}
+data: {{train_tasks: 3, test_tasks: 2}}
+warm_start: {{demonstrations: 4, steps: 25, batch_size: 4, optimizer: {{lr: 0.01, warmup_steps: 3, schedule: cosine}}}}
+",
+        store = dir.path().display()
+    );
+    let config = config::parse(&text, Path::new("warm.yaml")).unwrap();
+    let store = RunStore::open(dir.path().to_str().unwrap()).unwrap();
+    let demos = vec![
+        demo(0, "tool", "Grid 1: go from S to G.", "print(bfs(grid))"),
+        demo(1, "planner", "Tool said RRD. Your path?", "RRD"),
+        demo(2, "tool", "Grid 2: go from S to G.", "print(bfs(grid))"),
+        demo(3, "planner", "Tool said DDL. Your path?", "DDL"),
+    ];
+    block_on(async {
+        store.init_config(&text).await.unwrap();
+        prepare_data(&store, &demos).await;
+    });
+    let marker = block_on(update::initialise(&store, &config)).unwrap();
+    let rows: Vec<UpdateRow> = block_on(store.read_rows(&[&marker])).unwrap();
+    assert_eq!(rows.len(), 25);
+    assert!(rows.iter().all(|r| r.mode == "sft" && r.sequences == 4 && r.loss.is_finite()));
+    // The checkpoint is a complete HF folder: the tokenizer travels with it.
+    let dir_of = &marker.checkpoints[0].dir;
+    for name in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "meta.json"] {
+        assert!(marker.files.iter().any(|f| f.path == format!("{dir_of}/{name}")), "no {name}");
+    }
+
+    // Independently: the demonstrations' mean NLL under v0 vs the first step's (pre-update) loss.
+    let mut loaded = block_on(checkpoints::load(&store, &config, "shared", 0)).unwrap();
+    let nll = mean_nll(&mut loaded.policy, &demos);
+    assert!(rows[0].loss > 3.0, "a scratch model should start near ln(512): {}", rows[0].loss);
+    assert!(nll < 0.5 * rows[0].loss, "SFT did not lower the loss: {} -> {nll}", rows[0].loss);
+    assert!(rows[24].loss < rows[0].loss);
+    // A fresh scratch model of the same config is as bad as the first step says.
+    let fresh_config = petting::model::ModelConfig::from_dir(&fixture()).unwrap();
+    let mut fresh = Policy::scratch(fresh_config, 1, &LoadOptions::default()).unwrap();
+    fresh.attach_tokenizer_files(&fixture()).unwrap();
+    assert!(mean_nll(&mut fresh, &demos) > 2.0 * nll);
+}
+
+fn mean_nll(policy: &mut Policy, demos: &[DemonstrationRow]) -> f64 {
+    let options = TemplateOptions { add_generation_prompt: true, enable_thinking: Some(false) };
+    let eos = policy.config().eos_token_ids[0];
+    let requests: Vec<ScoreRequest> = demos
+        .iter()
+        .map(|d| {
+            let (_, prompt_ids) = policy.encode_chat(&[ChatMessage::new("user", &d.prompt)], &options).unwrap();
+            let mut response_ids = policy.require_tokenizer().unwrap().encode(&d.response, false).unwrap();
+            response_ids.push(eos);
+            ScoreRequest { prompt_ids, response_ids, adapter: None }
+        })
+        .collect();
+    let scored = policy.score(&requests, 4096).unwrap();
+    let tokens: usize = scored.iter().map(Vec::len).sum();
+    -scored.iter().flatten().map(|&x| f64::from(x)).sum::<f64>() / tokens as f64
+}
