@@ -7,6 +7,7 @@ pub mod algo;
 pub mod config;
 pub mod envs;
 pub mod model;
+pub mod pipeline;
 pub mod sandbox;
 pub mod schema;
 pub mod sql;

@@ -143,9 +143,13 @@ pub enum PipelineCommand {
 pub struct PipelineRunArgs {
     /// The run's iteration.yaml.
     pub config: PathBuf,
-    /// Resume a run even though its iteration.yaml changed since it started.
+    /// Resume a run even though its iteration.yaml changed since it started (the old
+    /// config is kept under _config_history/).
     #[arg(long)]
     pub allow_config_change: bool,
+    /// Stop before this stage, e.g. `rollout:3` (to run it by hand, sharded, elsewhere).
+    #[arg(long, value_name = "STAGE:K")]
+    pub until: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -159,16 +163,38 @@ pub struct StageArgs {
     /// The iteration, for per-iteration stages.
     #[arg(long)]
     pub iteration: Option<u32>,
+    /// Run one slice of a rollout, e.g. `--shard 0/2`; the slices together write what one
+    /// unsharded rollout writes.
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<petting::store::Shard>,
+}
+
+fn parse_shard(text: &str) -> Result<petting::store::Shard, String> {
+    let (index, count) = text.split_once('/').ok_or("expected INDEX/COUNT, e.g. 0/2")?;
+    let index: u32 = index.trim().parse().map_err(|_| format!("{index:?} is not a shard index"))?;
+    let count: u32 = count.trim().parse().map_err(|_| format!("{count:?} is not a shard count"))?;
+    if count == 0 || index >= count {
+        return Err(format!("shard {index}/{count}: the index must be below the count"));
+    }
+    Ok(petting::store::Shard { index, count })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StageName {
     /// Write the tasks table (train and test splits) and, with warm_start, the demonstrations.
     PrepareData,
+    /// Commit version 0 of every policy (with warm_start, trained by SFT on the demonstrations).
+    Init,
+    /// Play the iteration's training tasks with tree sampling and write every candidate to turns.
+    Rollout,
     /// Group the iteration's candidates and compute group statistics.
     Group,
     /// Compute advantages and route samples to their policies.
     Advantage,
+    /// Train each policy on its own samples (PPO-clip) and commit the next version.
+    Update,
+    /// Play the test split with the iteration's policies and write evals.
+    Evaluate,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,37 +1,128 @@
 use std::path::Path;
+use std::time::Instant;
 
-use anyhow::bail;
-use petting::config;
+use anyhow::{Context, bail};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use petting::config::{self, RunConfig};
+use petting::pipeline;
+use petting::sql::RunSql;
 use petting::store::layout::RUN_CONFIG;
-use petting::store::{RunStore, Stage, StageId};
+use petting::store::{RunStore, Stage};
 
 use super::args::PipelineRunArgs;
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let loaded = config::load(&args.config)?;
-    let config = loaded.resolved();
+    let config = &loaded.resolved();
     let store = RunStore::open(&config.store)?;
     let stored = store.init_config(&loaded.frozen_yaml()).await?;
     let previous = config::parse(&stored, &Path::new(store.url()).join(RUN_CONFIG))?;
-    if previous.sha256() != config.sha256() && !args.allow_config_change {
-        bail!(
-            "{} was started with a different config (sha256 {} there, {} in {}); \
-             resume with the new one by adding --allow-config-change",
-            store.url(),
-            &previous.sha256()[..12],
-            &config.sha256()[..12],
-            args.config.display()
-        );
+    if previous.sha256() != config.sha256() {
+        if !args.allow_config_change {
+            bail!(
+                "{} was started with a different config (sha256 {} there, {} in {}); \
+                 resume with the new one by adding --allow-config-change",
+                store.url(),
+                &previous.sha256()[..12],
+                &config.sha256()[..12],
+                args.config.display()
+            );
+        }
+        let path = store.record_config_change(&loaded.frozen_yaml(), &previous.sha256()).await?;
+        println!("config changed since the run started; recorded as {path}");
     }
     println!("run {} ({}), config sha256 {}", store.url(), config.run_name(), &config.sha256()[..12]);
-    if store.marker(&StageId::run_level(Stage::PrepareData)).await?.is_none() {
-        let prepared = petting::stages::prepare_data::run(&store, &config).await?;
-        println!(
-            "prepare-data: {} train and {} test tasks, {} demonstrations",
-            prepared.train, prepared.test, prepared.demonstrations
-        );
+    let pending = pipeline::pending(&store, config).await?;
+    let total = pipeline::schedule(config).len();
+    if pending.len() < total {
+        println!("resuming: {} of {total} stages already committed", total - pending.len());
     }
-    super::status::run(store.url()).await?;
-    println!("the stages after prepare-data are not built into this version of petting yet");
+    let started = Instant::now();
+    for id in pending {
+        if args.until.as_deref() == Some(&stop_name(id)) {
+            println!("stopping before {id} (--until)");
+            return Ok(());
+        }
+        let stage_started = Instant::now();
+        let marker = pipeline::run_stage(&store, config, id).await.with_context(|| format!("{id} failed"))?;
+        println!(
+            "{id}: {} rows, {:.1} s (total {:.0} s)",
+            marker.rows(),
+            stage_started.elapsed().as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        );
+        if let (Stage::Update, Some(k)) = (id.stage, id.iteration) {
+            println!("{}", summary(&store, config, k).await?);
+        }
+    }
+    println!("{}", final_line(&store).await?);
     Ok(())
+}
+
+/// `rollout:3` for rollout of iteration 3, `update` for the run-level one.
+fn stop_name(id: petting::store::StageId) -> String {
+    match id.iteration {
+        Some(k) => format!("{}:{k}", id.stage),
+        None => id.stage.to_string(),
+    }
+}
+
+/// One line per iteration: reward per agent, clip fraction, drift, eval success, seconds per stage.
+async fn summary(store: &RunStore, config: &RunConfig, k: u32) -> anyhow::Result<String> {
+    let sql = RunSql::open(store).await?;
+    let rewards = scalar(
+        &sql,
+        &format!(
+            "select string_agg(agent || ' ' || round(r, 3), ', ' order by agent) from \
+             (select agent, avg(local_reward + {alpha} * team_reward) as r from turns where iteration = {k} group by agent)",
+            alpha = config.algorithm.alpha
+        ),
+    )
+    .await?;
+    let update = scalar(
+        &sql,
+        &format!(
+            "select 'clip ' || round(avg(clip_fraction), 3) || ', drift ' || round(max(logprob_drift_max), 4) \
+             from updates where iteration = {k} and mode = 'ppo'"
+        ),
+    )
+    .await?;
+    let eval = scalar(
+        &sql,
+        &format!(
+            "select string_agg(mode || ' ' || round(s * 100, 1) || '%', ', ' order by mode) from \
+             (select mode, avg(case when success then 1.0 else 0.0 end) as s from evals where iteration = {k} group by mode)"
+        ),
+    )
+    .await?;
+    let timing = scalar(
+        &sql,
+        &format!(
+            "select string_agg(stage || ' ' || round(seconds, 1) || 's', ', ' order by finished_at) \
+             from commits where iteration = {k}"
+        ),
+    )
+    .await?;
+    let eval = if eval.is_empty() { String::new() } else { format!(" | eval v{k}: {eval}") };
+    Ok(format!("iteration {k}: reward {rewards} | {update}{eval} | {timing}"))
+}
+
+async fn final_line(store: &RunStore) -> anyhow::Result<String> {
+    let sql = RunSql::open(store).await?;
+    let curve = scalar(
+        &sql,
+        "select string_agg('v' || iteration || ' ' || round(s * 100, 1) || '%', ', ' order by iteration) from \
+         (select iteration, avg(case when success then 1.0 else 0.0 end) as s from evals \
+          where mode = 'multi_agent' group by iteration)",
+    )
+    .await?;
+    Ok(format!("held-out success (multi_agent): {curve}"))
+}
+
+/// The first cell of a one-row query, as text ("" when there is none).
+async fn scalar(sql: &RunSql, query: &str) -> anyhow::Result<String> {
+    let (_, batches) = sql.query(query).await?;
+    let Some(batch) = batches.iter().find(|b| b.num_rows() > 0) else { return Ok(String::new()) };
+    let formatter = ArrayFormatter::try_new(batch.column(0).as_ref(), &FormatOptions::default())?;
+    Ok(formatter.value(0).to_string())
 }

@@ -1,6 +1,7 @@
 use anyhow::Context;
-use petting::stages::{self, advantage, group, prepare_data};
-use petting::store::RunStore;
+use petting::pipeline::{INITIAL_UPDATE, run_stage};
+use petting::stages::{self, prepare_data};
+use petting::store::{RunStore, Stage, StageId};
 
 use super::args::{StageArgs, StageName};
 
@@ -20,8 +21,16 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
             );
             prepared.marker
         }
-        StageName::Group => group::run(&store, &config, iteration()?).await?,
-        StageName::Advantage => advantage::run(&store, &config, iteration()?).await?,
+        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE).await?,
+        StageName::Rollout => {
+            let mut id = StageId::at(Stage::Rollout, iteration()?);
+            id.shard = args.shard;
+            run_stage(&store, &config, id).await?
+        }
+        StageName::Group => run_stage(&store, &config, StageId::at(Stage::Group, iteration()?)).await?,
+        StageName::Advantage => run_stage(&store, &config, StageId::at(Stage::Advantage, iteration()?)).await?,
+        StageName::Update => run_stage(&store, &config, StageId::at(Stage::Update, iteration()?)).await?,
+        StageName::Evaluate => run_stage(&store, &config, StageId::at(Stage::Evaluate, iteration()?)).await?,
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",

@@ -3,8 +3,13 @@
 
 pub mod advantage;
 pub mod checkpoints;
+pub mod evaluate;
 pub mod group;
+pub mod play;
 pub mod prepare_data;
+pub mod responder;
+pub mod rollout;
+mod tasks;
 pub mod update;
 
 use std::path::Path;
@@ -35,6 +40,34 @@ pub enum Error {
     #[error("{stage} needs {needs} of iteration {iteration} committed first")]
     NotReady { stage: StageId, needs: Stage, iteration: u32 },
 
+    #[error(transparent)]
+    PrepareData(#[from] prepare_data::Error),
+
+    #[error(transparent)]
+    Update(#[from] Box<update::Error>),
+
+    #[error(transparent)]
+    Env(#[from] crate::envs::Error),
+
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::Error),
+
+    #[error(transparent)]
+    Play(#[from] play::Error),
+
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoints::Error),
+
+    #[error("{url} has no tasks yet: run prepare-data first")]
+    NotPrepared { url: String },
+
+    #[error(
+        "policy {policy}: iteration {wanted} must sample with version {wanted}, but the latest committed \
+         checkpoint is {}; strict on-policy training refuses to sample with any other",
+        latest.map_or("none".to_string(), |v| format!("v{v}"))
+    )]
+    StaleVersion { policy: String, wanted: u32, latest: Option<u32> },
+
     #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
     Conform { stage: StageId, table: Table, detail: String },
 }
@@ -49,10 +82,17 @@ pub async fn run_config(store: &RunStore) -> Result<RunConfig, Error> {
 /// A stage that is already committed is refused here, before any work: its commit
 /// would lose anyway, leaving only orphans.
 async fn inputs(store: &RunStore, stage: StageId, needs: Stage, iteration: u32) -> Result<Vec<StoredMarker>, Error> {
+    refuse_if_committed(store, stage).await?;
+    store.committed(needs, Some(iteration)).await?.ok_or(Error::NotReady { stage, needs, iteration })
+}
+
+/// Refuses a stage that is already committed, before any work: its commit would lose
+/// anyway, leaving only orphans.
+async fn refuse_if_committed(store: &RunStore, stage: StageId) -> Result<(), Error> {
     if store.marker(&stage).await?.is_some() {
         return Err(store::Error::AlreadyCommitted { url: store.url().to_string(), stage }.into());
     }
-    store.committed(needs, Some(iteration)).await?.ok_or(Error::NotReady { stage, needs, iteration })
+    Ok(())
 }
 
 /// Checks every file of the input markers against its size and sha256: SQL reads

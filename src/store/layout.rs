@@ -19,6 +19,8 @@ use crate::schema::Table;
 
 pub const RUN_CONFIG: &str = "run.yaml";
 pub const COMMITS_DIR: &str = "_commits";
+/// Earlier run.yaml versions, kept when a run resumes with a changed config.
+pub const CONFIG_HISTORY_DIR: &str = "_config_history";
 
 /// A stage of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -169,7 +171,8 @@ impl Split {
 }
 
 impl Partition {
-    fn segment(&self) -> String {
+    /// The hive folder name, e.g. `iteration=7`.
+    pub fn segment(&self) -> String {
         match self {
             Partition::Iteration(k) => format!("iteration={k}"),
             Partition::Split(s) => format!("split={}", s.name()),

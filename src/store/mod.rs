@@ -138,6 +138,25 @@ impl RunStore {
         }
     }
 
+    /// Resuming with a changed config: keeps the current `run.yaml` under
+    /// `_config_history/<utc time>-<its sha256 prefix>.yaml`, then makes `yaml` the run's
+    /// config. Every marker records the config hash it ran with. Returns the kept path.
+    pub async fn record_config_change(&self, yaml: &str, previous_sha256: &str) -> Result<String> {
+        let previous = self.run_config().await?.unwrap_or_default();
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ");
+        let kept = format!("{}/{stamp}-{}.yaml", layout::CONFIG_HISTORY_DIR, &previous_sha256[..12]);
+        let create = object_store::PutMode::Create.into();
+        self.store
+            .put_opts(&self.path(&kept), Bytes::from(previous).into(), create)
+            .await
+            .map_err(|e| self.object_error("create", &kept, e))?;
+        self.store
+            .put(&self.path(layout::RUN_CONFIG), Bytes::from(yaml.to_string()).into())
+            .await
+            .map_err(|e| self.object_error("write", layout::RUN_CONFIG, e))?;
+        Ok(kept)
+    }
+
     /// The run's frozen `run.yaml`, if it has one.
     pub async fn run_config(&self) -> Result<Option<String>> {
         match self.get(layout::RUN_CONFIG).await? {

@@ -8,6 +8,7 @@ mod cli_sql;
 mod independent_reader;
 mod libtorch;
 mod model;
+mod pipeline;
 mod stages;
 mod store;
 mod update;

@@ -1,0 +1,457 @@
+//! Playing episodes in batches: the engine under `rollout` and `evaluate`.
+//!
+//! ```text
+//!  per step: every unfinished episode's next prompt ──► Responder (one batch per policy)
+//!            replies ──► tool programs, deduplicated, run in parallel in the sandbox
+//!                    ──► each branch steps its own clone of the episode
+//!  tree:        K branches per (task, agent, turn); the best (α·r_team + r_local, ties to
+//!               the lowest branch) is copied back to all K, so the K share one prompt
+//!  independent: K episodes per task, each continued by its own single reply
+//! ```
+//!
+//! The engine is synchronous and knows nothing of stores: a [`Responder`] answers prompts
+//! (a model, or fixed replies in tests) and [`Candidate`]s come back in a fixed order, so
+//! the rows are the same however the work is spread over threads.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::config::{RolloutMode, Selection, WorkflowKind};
+use crate::envs::AnyEnv;
+use crate::envs::rng::stream;
+use crate::sandbox::{Program, RunOutput, Sandbox, Status};
+use crate::workflows::{Episode, TurnOutcome};
+
+/// One prompt to answer, with the seed of its own random stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    pub text: String,
+    pub seed: u64,
+}
+
+/// A sampled reply and what produced it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// The prompt as the model saw it (chat template applied) and its tokens.
+    pub prompt_text: String,
+    pub prompt_tokens: Vec<i32>,
+    pub text: String,
+    pub tokens: Vec<i32>,
+    pub logprobs: Vec<f32>,
+    pub finish_reason: String,
+    /// Wall time of the batch the reply was sampled in.
+    pub seconds: f64,
+}
+
+/// Answers a batch of prompts with one policy.
+pub trait Responder {
+    fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::model::Error>;
+}
+
+/// One episode to play: a task's environment, and the key its random streams use.
+#[derive(Debug, Clone)]
+pub struct Game {
+    pub task_id: String,
+    pub env: AnyEnv,
+}
+
+/// How to play.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub workflow: WorkflowKind,
+    pub max_turns: u32,
+    /// role -> policy
+    pub policies: HashMap<String, String>,
+    pub mode: RolloutMode,
+    pub k: u32,
+    pub select: Selection,
+    pub alpha: f64,
+    /// Keys every seed of this run and stage starts with (run seed, iteration, stage).
+    pub seed_keys: Vec<u64>,
+}
+
+/// One sampled reply and what it did: a future `turns` row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub task_index: usize,
+    pub episode: u32,
+    pub turn: u32,
+    pub agent: &'static str,
+    pub policy: String,
+    pub branch: u32,
+    pub node_id: u32,
+    pub parent_id: Option<u32>,
+    pub selected: bool,
+    pub seed: u64,
+    pub reply: Reply,
+    pub outcome: TurnOutcome,
+}
+
+/// How one episode ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub task_index: usize,
+    pub episode: u32,
+    pub success: bool,
+    pub team_reward: f64,
+    pub turns: u32,
+    pub tokens: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Workflow(#[from] crate::workflows::Error),
+    #[error(transparent)]
+    Model(#[from] crate::model::Error),
+    #[error("no policy is mapped to the {role} agent (agents: in the config)")]
+    NoPolicy { role: String },
+    #[error("the responder returned {got} replies for {asked} prompts")]
+    ReplyCount { asked: usize, got: usize },
+}
+
+/// A stable 64-bit key of a task id, for seeds.
+pub fn task_key(task_id: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(task_id.as_bytes());
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// The live episodes of one task (one in tree mode, K in independent mode).
+struct Track {
+    task_index: usize,
+    episode_index: u32,
+    episode: Episode,
+    next_node: u32,
+    parent: Option<u32>,
+    tokens: u64,
+}
+
+/// Plays every game to the end; returns the candidates in (step, task, episode, branch)
+/// order and how each episode ended.
+pub fn play(
+    games: &[Game],
+    plan: &Plan,
+    responder: &mut dyn Responder,
+    sandbox: &Sandbox,
+) -> Result<(Vec<Candidate>, Vec<Finished>), Error> {
+    let episodes_per_task = match plan.mode {
+        RolloutMode::Tree => 1,
+        RolloutMode::Independent => plan.k,
+    };
+    let mut tracks = Vec::new();
+    for (task_index, game) in games.iter().enumerate() {
+        for episode_index in 0..episodes_per_task {
+            let episode = Episode::new(plan.workflow, game.env.clone(), plan.max_turns)?;
+            tracks.push(Track { task_index, episode_index, episode, next_node: 0, parent: None, tokens: 0 });
+        }
+    }
+    let branches = match plan.mode {
+        RolloutMode::Tree => plan.k.max(1),
+        RolloutMode::Independent => 1,
+    };
+    let mut candidates = Vec::new();
+    loop {
+        let live: Vec<usize> = (0..tracks.len()).filter(|&i| !tracks[i].episode.is_done()).collect();
+        if live.is_empty() {
+            break;
+        }
+        let step = sample_step(games, plan, &tracks, &live, branches, responder)?;
+        let stepped = step_branches(&tracks, &live, &step, sandbox);
+        for (slot, &t) in live.iter().enumerate() {
+            let track = &mut tracks[t];
+            let first = slot * branches as usize;
+            let outcomes = &stepped[first..first + branches as usize];
+            let best = select(plan, outcomes.iter().map(|(_, o)| o));
+            let turn = track.episode.turn();
+            let agent = track.episode.next_agent().expect("live");
+            let node_base = track.next_node;
+            for (b, (_, outcome)) in outcomes.iter().enumerate() {
+                let (seed, reply) = step.replies[first + b].clone();
+                track.tokens += reply.tokens.len() as u64;
+                candidates.push(Candidate {
+                    task_index: track.task_index,
+                    episode: track.episode_index,
+                    turn,
+                    agent,
+                    policy: step.policy_of[slot].clone(),
+                    branch: b as u32,
+                    node_id: node_base + b as u32,
+                    parent_id: track.parent,
+                    selected: b == best,
+                    seed,
+                    reply,
+                    outcome: outcome.clone(),
+                });
+            }
+            track.next_node += branches;
+            track.parent = Some(node_base + best as u32);
+            track.episode = stepped[first + best].0.clone();
+        }
+    }
+    let finished = tracks
+        .iter()
+        .map(|t| Finished {
+            task_index: t.task_index,
+            episode: t.episode_index,
+            success: t.episode.success(),
+            team_reward: t.episode.env().team_reward(),
+            turns: t.episode.turn(),
+            tokens: t.tokens,
+        })
+        .collect();
+    Ok((candidates, finished))
+}
+
+/// The replies of one step: `branches` per live track, in track order.
+struct SampledStep {
+    replies: Vec<(u64, Reply)>,
+    policy_of: Vec<String>,
+}
+
+fn sample_step(
+    games: &[Game],
+    plan: &Plan,
+    tracks: &[Track],
+    live: &[usize],
+    branches: u32,
+    responder: &mut dyn Responder,
+) -> Result<SampledStep, Error> {
+    // (policy, prompt) per reply slot, then one responder call per policy.
+    let mut wanted: Vec<(String, Prompt)> = Vec::new();
+    let mut policy_of = Vec::new();
+    for &t in live {
+        let track = &tracks[t];
+        let agent = track.episode.next_agent().expect("live");
+        let policy = plan.policies.get(agent).ok_or_else(|| Error::NoPolicy { role: agent.to_string() })?;
+        let role_index = plan.workflow.roles().iter().position(|r| *r == agent).unwrap_or(0) as u64;
+        let text = track.episode.prompt();
+        let task = task_key(&games[track.task_index].task_id);
+        for b in 0..branches {
+            let mut keys = plan.seed_keys.clone();
+            keys.extend([task, track.episode_index as u64, track.episode.turn() as u64, role_index, b as u64]);
+            wanted.push((policy.clone(), Prompt { text: text.clone(), seed: stream(&keys) }));
+        }
+        policy_of.push(policy.clone());
+    }
+    let mut replies: Vec<Option<(u64, Reply)>> = vec![None; wanted.len()];
+    let mut by_policy: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, (policy, _)) in wanted.iter().enumerate() {
+        match by_policy.iter_mut().find(|(p, _)| *p == policy.as_str()) {
+            Some((_, slots)) => slots.push(i),
+            None => by_policy.push((policy.as_str(), vec![i])),
+        }
+    }
+    for (policy, slots) in by_policy {
+        let prompts: Vec<Prompt> = slots.iter().map(|&i| wanted[i].1.clone()).collect();
+        let answered = responder.respond(policy, &prompts)?;
+        if answered.len() != prompts.len() {
+            return Err(Error::ReplyCount { asked: prompts.len(), got: answered.len() });
+        }
+        for (&i, reply) in slots.iter().zip(answered) {
+            replies[i] = Some((wanted[i].1.seed, reply));
+        }
+    }
+    Ok(SampledStep { replies: replies.into_iter().map(|r| r.expect("every slot answered")).collect(), policy_of })
+}
+
+/// Steps one clone of its track's episode per reply. Tool programs are run first, each
+/// distinct program once (the K branches of a step often write the same one), in parallel.
+fn step_branches(
+    tracks: &[Track],
+    live: &[usize],
+    step: &SampledStep,
+    sandbox: &Sandbox,
+) -> Vec<(Episode, TurnOutcome)> {
+    let branches = step.replies.len() / live.len();
+    let live: Vec<&Track> = live.iter().map(|&t| &tracks[t]).collect();
+    let programs: Vec<Option<Program>> = step
+        .replies
+        .iter()
+        .enumerate()
+        .map(|(i, (_, reply))| live[i / branches].episode.tool_program(&reply.text))
+        .collect();
+    let mut distinct: Vec<&Program> = Vec::new();
+    for program in programs.iter().flatten() {
+        if !distinct.iter().any(|p| same_program(p, program)) {
+            distinct.push(program);
+        }
+    }
+    let outputs = run_all(&distinct, sandbox);
+    let output_of = |program: &Program| {
+        let i = distinct.iter().position(|p| same_program(p, program)).expect("distinct");
+        outputs[i].clone()
+    };
+    let jobs: Vec<(usize, Option<RunOutput>)> =
+        programs.iter().enumerate().map(|(i, p)| (i, p.as_ref().map(output_of))).collect();
+    parallel_map(jobs, |(i, run)| {
+        let mut episode = live[i / branches].episode.clone();
+        let outcome = episode.step_with(&step.replies[i].1.text, run, sandbox);
+        (episode, outcome)
+    })
+}
+
+fn same_program(a: &Program, b: &Program) -> bool {
+    a.code == b.code && a.stdin == b.stdin && a.files == b.files
+}
+
+fn run_all(programs: &[&Program], sandbox: &Sandbox) -> Vec<RunOutput> {
+    parallel_map(programs.to_vec(), |program| {
+        sandbox.run(program).unwrap_or_else(|e| RunOutput {
+            status: Status::Exited(-1),
+            stdout: String::new(),
+            stderr: format!("the sandbox could not run the program: {e}"),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            elapsed: std::time::Duration::ZERO,
+        })
+    })
+}
+
+/// Maps `f` over `items` on a few threads; results keep the items' order.
+fn parallel_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 16).min(items.len().max(1));
+    let queue = Mutex::new(items.into_iter().enumerate());
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let Some((i, item)) = queue.lock().expect("queue").next() else { break };
+                    let r = f(item);
+                    results.lock().expect("results").push((i, r));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("results");
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The branch that continues the trajectory.
+fn select<'a>(plan: &Plan, outcomes: impl Iterator<Item = &'a TurnOutcome>) -> usize {
+    match plan.select {
+        Selection::First => 0,
+        Selection::BestReward => {
+            let mut best = (0, f64::NEG_INFINITY);
+            for (b, o) in outcomes.enumerate() {
+                let r = crate::algo::grouping::mixed_reward(plan.alpha, o.team_reward, o.local_reward);
+                if r > best.1 {
+                    best = (b, r);
+                }
+            }
+            best.0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PlanPathConfig;
+    use crate::envs::PlanPath;
+    use crate::sandbox::SandboxConfig;
+
+    /// Tool agents cycle through greedy, bfs and no program by branch; planners copy the
+    /// tool's printed output.
+    struct Scripted;
+
+    impl Responder for Scripted {
+        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::model::Error> {
+            let tool =
+                ["```python\nprint(greedy(grid, S, G))\n```", "```python\nprint(bfs(grid, S, G))\n```", "no idea"];
+            Ok(prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let text = if p.text.starts_with("You are the tool agent") {
+                        tool[i % 3].to_string()
+                    } else {
+                        let output = p.text.split("Its output:\n").nth(1).and_then(|o| o.lines().next()).unwrap_or("");
+                        format!("#### {output}")
+                    };
+                    Reply {
+                        prompt_text: p.text.clone(),
+                        prompt_tokens: vec![1, 2],
+                        tokens: vec![3; text.len()],
+                        logprobs: vec![-0.5; text.len()],
+                        text,
+                        finish_reason: "eos".into(),
+                        seconds: 0.0,
+                    }
+                })
+                .collect())
+        }
+    }
+
+    fn games() -> Vec<Game> {
+        let config = PlanPathConfig::default();
+        (0..2)
+            .map(|i| Game { task_id: format!("t{i}"), env: AnyEnv::PlanPath(PlanPath::generate(&config, 40 + i)) })
+            .collect()
+    }
+
+    fn plan(mode: RolloutMode) -> Plan {
+        Plan {
+            workflow: WorkflowKind::ToolPlanner,
+            max_turns: 1,
+            policies: HashMap::from([("tool".into(), "shared".into()), ("planner".into(), "shared".into())]),
+            mode,
+            k: 3,
+            select: Selection::BestReward,
+            alpha: 1.0,
+            seed_keys: vec![7, 0],
+        }
+    }
+
+    fn mixed(c: &Candidate) -> f64 {
+        c.outcome.team_reward + c.outcome.local_reward
+    }
+
+    #[test]
+    fn tree_sampling_branches_k_ways_and_continues_the_best() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let (candidates, finished) = play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox).unwrap();
+        assert_eq!(candidates.len(), 2 * (3 + 3));
+        for group in candidates.chunks(3) {
+            assert!(
+                group.iter().all(|c| c.reply.prompt_text == group[0].reply.prompt_text && c.agent == group[0].agent)
+            );
+            assert_eq!(group.iter().map(|c| c.branch).collect::<Vec<_>>(), [0, 1, 2]);
+            let selected: Vec<&Candidate> = group.iter().filter(|c| c.selected).collect();
+            assert_eq!(selected.len(), 1);
+            let best = group.iter().map(mixed).fold(f64::NEG_INFINITY, f64::max);
+            let first_best = group.iter().find(|c| mixed(c) == best).unwrap();
+            assert_eq!(selected[0].branch, first_best.branch, "ties go to the lowest branch");
+        }
+        // Step order: both tool groups, then both planner groups.
+        let (tools, planners) = candidates.split_at(6);
+        assert!(tools.iter().all(|c| c.agent == "tool" && c.parent_id.is_none()));
+        for task in 0..2 {
+            let chosen = tools.iter().find(|c| c.task_index == task && c.selected).unwrap();
+            assert_eq!(chosen.branch, 1, "bfs beats greedy and no program on these grids");
+            let children: Vec<&Candidate> = planners.iter().filter(|c| c.task_index == task).collect();
+            assert!(children.iter().all(|c| c.parent_id == Some(chosen.node_id) && c.node_id >= 3));
+            assert!(children.iter().all(|c| c.reply.prompt_text.contains("print(bfs(grid, S, G))")));
+        }
+        assert!(finished.iter().all(|f| f.success && f.turns == 1), "{finished:?}");
+        let again = play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox).unwrap();
+        assert_eq!(again.0, candidates);
+    }
+
+    #[test]
+    fn independent_mode_plays_k_separate_episodes() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let (candidates, finished) = play(&games(), &plan(RolloutMode::Independent), &mut Scripted, &sandbox).unwrap();
+        assert_eq!(finished.len(), 2 * 3);
+        assert_eq!(candidates.len(), 2 * 3 * 2);
+        assert!(candidates.iter().all(|c| c.selected && c.branch == 0));
+        let seeds: std::collections::HashSet<u64> = candidates.iter().map(|c| c.seed).collect();
+        assert_eq!(seeds.len(), candidates.len(), "every reply has its own stream");
+        // Episode e of each task got the e-th tool reply of its batch.
+        let bfs = finished.iter().filter(|f| f.success).count();
+        assert!(bfs >= 2, "{finished:?}");
+    }
+}

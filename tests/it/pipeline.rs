@@ -1,0 +1,175 @@
+//! `petting pipeline run` end to end on a tiny config, checked by SQL on the store.
+
+use std::path::Path;
+
+use crate::support::{repo_root, run};
+
+/// Two iterations of Plan-Path with a tool agent and a planner on separate policies, so
+/// routing is visible; the embedded default's architecture with a tiny warm start.
+fn write_config(dir: &Path, name: &str, run_dir: &Path, seed: u64) -> String {
+    let model = repo_root().join("checkpoints/petting-tiny-qwen3");
+    let text = format!(
+        r#"store: {store}
+seed: {seed}
+iterations: 2
+env: {{name: plan_path, size: 5}}
+data: {{train_tasks: 16, test_tasks: 4}}
+workflow: {{kind: tool_planner, max_turns: 1}}
+agents: {{tool: {{policy: coder}}, planner: {{policy: pilot}}}}
+policies:
+  coder: {{model: {model}, init: scratch, optimizer: {{lr: 1.0e-3}}}}
+  pilot: {{model: {model}, init: scratch, optimizer: {{lr: 1.0e-3}}}}
+warm_start: {{demonstrations: 32, steps: 2, batch_size: 8}}
+rollout: {{tasks_per_iteration: 3, k: 3, sampling: {{temperature: 1.0, max_new_tokens: 12}}}}
+algorithm: {{name: at_grpo}}
+update: {{mini_batch_sequences: 9}}
+evaluation: {{every: 1, tasks: 4, modes: [multi_agent, single_agent], sampling: {{temperature: 0.0, max_new_tokens: 12}}}}
+"#,
+        store = run_dir.display(),
+        model = model.display(),
+    );
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn sql(run_dir: &Path, query: &str) -> String {
+    let (ok, csv, stderr) = run(&["sql", run_dir.to_str().unwrap(), query, "--format", "csv"]);
+    assert!(ok, "{query}\n{stderr}");
+    csv
+}
+
+fn pipeline(config: &str) -> String {
+    let (ok, stdout, stderr) = run(&["pipeline", "run", config]);
+    assert!(ok, "{stdout}\n{stderr}");
+    stdout
+}
+
+/// Rows of the tables that must not depend on timing, in a fixed order.
+fn content(run_dir: &Path) -> String {
+    let turns = sql(
+        run_dir,
+        "select candidate_id, policy, policy_version, node_id, parent_id, selected, prompt_tokens, response_tokens, \
+         response_logprobs, action, local_reward, team_reward, sampling_seed from turns order by iteration, candidate_id",
+    );
+    let samples = sql(run_dir, "select * from samples order by iteration, candidate_id");
+    format!("{turns}\n{samples}")
+}
+
+#[test]
+fn two_iterations_keep_groups_versions_paths_and_routing_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config = write_config(dir.path(), "tiny", &run_dir, 3);
+    let stdout = pipeline(&config);
+    assert!(stdout.contains("iteration 1: reward"), "{stdout}");
+
+    // Every AT-GRPO group has K members with one prompt.
+    let groups = sql(
+        &run_dir,
+        "select count(*) as n from (select task_id, agent, turn, iteration, count(*) as k, \
+         count(distinct prompt_text) as prompts from turns group by task_id, agent, turn, iteration) \
+         where k <> 3 or prompts <> 1",
+    );
+    assert_eq!(groups, "n\n0\n");
+    // Strict on-policy: iteration k samples with version k.
+    assert_eq!(sql(&run_dir, "select count(*) as n from turns where policy_version <> iteration"), "n\n0\n");
+    // One selected candidate per step, each continuing the previous selected node.
+    assert_eq!(
+        sql(
+            &run_dir,
+            "select count(*) as n from (select task_id, iteration, turn, agent, sum(case when selected then 1 else 0 end) as s \
+             from turns group by task_id, iteration, turn, agent) where s <> 1"
+        ),
+        "n\n0\n"
+    );
+    assert_eq!(
+        sql(
+            &run_dir,
+            "select count(*) as n from turns t where t.agent = 'planner' and not exists (select 1 from turns p \
+             where p.iteration = t.iteration and p.task_id = t.task_id and p.selected and p.agent = 'tool' \
+             and p.node_id = t.parent_id)"
+        ),
+        "n\n0\n"
+    );
+    // Advantages sum to ~0 in every non-degenerate group.
+    assert_eq!(
+        sql(
+            &run_dir,
+            "select count(*) as n from (select s.group_id, sum(s.advantage) as a from samples s join groups g \
+             on s.group_id = g.group_id and s.iteration = g.iteration where not g.degenerate group by s.group_id) \
+             where abs(a) > 1e-6"
+        ),
+        "n\n0\n"
+    );
+    // Each policy trained on its own agent's samples only.
+    assert_eq!(
+        sql(&run_dir, "select distinct agent, policy from samples order by agent"),
+        "agent,policy\nplanner,pilot\ntool,coder\n"
+    );
+    let trained = sql(
+        &run_dir,
+        "select u.policy, u.iteration, sum(u.sequences) as n from updates u where u.mode = 'ppo' \
+         group by u.policy, u.iteration order by 1, 2",
+    );
+    let routed =
+        sql(&run_dir, "select policy, iteration, count(*) as n from samples group by policy, iteration order by 1, 2");
+    assert_eq!(trained, routed);
+    // Both modes were evaluated for v0, v1 and v2.
+    assert_eq!(
+        sql(&run_dir, "select iteration, mode, count(*) as n from evals group by iteration, mode order by 1, 2"),
+        "iteration,mode,n\n0,multi_agent,4\n0,single_agent,4\n1,multi_agent,4\n1,single_agent,4\n\
+         2,multi_agent,4\n2,single_agent,4\n"
+    );
+
+    // Running it again finds everything committed and changes nothing.
+    let before = content(&run_dir);
+    let again = pipeline(&config);
+    assert!(again.contains("resuming"), "{again}");
+    assert_eq!(content(&run_dir), before);
+}
+
+#[test]
+fn same_seed_gives_identical_tables_and_sharding_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, c) = (dir.path().join("a"), dir.path().join("c"));
+    pipeline(&write_config(dir.path(), "a", &a, 5));
+    // The second run stops before iteration 0's rollout, which runs by hand in two shards.
+    let config_c = write_config(dir.path(), "c", &c, 5);
+    let (ok, _, stderr) = run(&["pipeline", "run", &config_c, "--until", "rollout:0"]);
+    assert!(ok, "{stderr}");
+    for shard in ["0/2", "1/2"] {
+        let (ok, stdout, stderr) =
+            run(&["stage", "rollout", "--run", c.to_str().unwrap(), "--iteration", "0", "--shard", shard]);
+        assert!(ok, "{stdout}{stderr}");
+    }
+    pipeline(&config_c);
+    assert_eq!(content(&a), content(&c));
+
+    // A third run killed with SIGKILL at pseudo-random moments until it gets through.
+    let d = dir.path().join("d");
+    let config_d = write_config(dir.path(), "d", &d, 5);
+    let mut delay_ms = 150u64;
+    let mut kills = 0;
+    while kills < 12 {
+        let mut child = crate::support::petting()
+            .args(["pipeline", "run", &config_d])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        delay_ms = 150 + (delay_ms * 7919 + 104_729) % 2500;
+    }
+    pipeline(&config_d);
+    assert!(kills >= 2, "the run should have been interrupted several times ({kills})");
+    assert_eq!(content(&a), content(&d));
+    let (ok, stdout, _) = run(&["verify", d.to_str().unwrap()]);
+    assert!(ok, "{stdout}");
+}
