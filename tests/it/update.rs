@@ -343,8 +343,8 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
     let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
     let message = err.to_string();
     assert!(message.contains(&weights.path) && message.contains("corrupt"), "{message}");
-    // plan_p trains before tool_p is loaded: its new adapter may be left as an orphan.
-    assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+    // Every checkpoint is verified before the first write: not even an orphan.
+    assert_nothing_committed(&run, 0, None);
 }
 
 #[test]
