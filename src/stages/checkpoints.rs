@@ -5,7 +5,7 @@
 //!          │                files: [{dir/model.safetensors, bytes, sha256}, …]
 //!          ▼
 //!  latest(store, name) ──► PolicyRef of the highest committed version
-//!  load(store, config, name, v)
+//!  load(store, config, name, v) = fetch + open
 //!     1. find the marker that committed (name, v); list the files under its dir
 //!     2. local run: hash the files in place; other stores: copy them into the cache
 //!        <cache>/checkpoints/<sha256 of the file list>/ (kept while the hashes match)
@@ -141,41 +141,67 @@ pub fn find<'m>(
 /// Loads version `version` of policy `name`, verifying every file's size and sha256
 /// against its marker; errors name the file.
 pub async fn load(store: &RunStore, config: &RunConfig, name: &str, version: u32) -> Result<LoadedPolicy, Error> {
-    let policy_config = config.policies.get(name).ok_or_else(|| Error::UnknownPolicy {
-        policy: name.to_string(),
-        known: config.policies.keys().cloned().collect(),
-    })?;
-    let options = LoadOptions { device: policy_config.device, dtype: policy_config.dtype };
     let markers = store.markers().await?;
-    let (marker, checkpoint) = find(&markers, name, version)?;
+    open(config, fetch(store, &markers, name, version).await?)
+}
+
+/// A checkpoint whose files are verified and on local disk, not yet loaded.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub name: String,
+    pub version: u32,
+    pub weights_sha256: String,
+    /// Local folder of the checkpoint (a full model, or an adapter).
+    pub dir: PathBuf,
+    /// For an adapter: the committed base and its local folder.
+    pub base: Option<(BaseRef, PathBuf)>,
+}
+
+/// The verifying half of [`load`]: finds the checkpoint (and, for an adapter, its base)
+/// and makes its checked files local. A stage that must refuse before writing anything
+/// fetches every checkpoint it needs first and opens them one at a time.
+pub async fn fetch(store: &RunStore, markers: &[StoredMarker], name: &str, version: u32) -> Result<Fetched, Error> {
+    let (marker, checkpoint) = find(markers, name, version)?;
     let dir = materialise(store, &marker.marker.files, &checkpoint.dir).await?;
     let meta = CheckpointMeta::read(&dir)?;
     check_meta(store, checkpoint, &meta)?;
-    if meta.kind != "adapter" {
-        let policy = Policy::load(&dir, &options)?;
-        return Ok(LoadedPolicy {
-            name: name.to_string(),
-            version,
-            weights_sha256: checkpoint.weights_sha256.clone(),
-            policy,
-            base: None,
-        });
-    }
-    let base_sha = meta.base_weights_sha256.clone().ok_or_else(|| Error::Invalid {
-        url: store.url().to_string(),
-        dir: checkpoint.dir.clone(),
-        reason: "an adapter whose meta.json names no base_weights_sha256".into(),
+    let base = if meta.kind == "adapter" {
+        let base_sha = meta.base_weights_sha256.clone().ok_or_else(|| Error::Invalid {
+            url: store.url().to_string(),
+            dir: checkpoint.dir.clone(),
+            reason: "an adapter whose meta.json names no base_weights_sha256".into(),
+        })?;
+        let (base_marker, base) = find_base(markers, &base_sha, &checkpoint.dir)?;
+        let base_dir = materialise(store, &base_marker.marker.files, &base.dir).await?;
+        Some((base, base_dir))
+    } else {
+        None
+    };
+    Ok(Fetched { name: name.to_string(), version, weights_sha256: checkpoint.weights_sha256.clone(), dir, base })
+}
+
+/// The loading half of [`load`]: the model on the device and dtype of its policy config,
+/// with a LoRA adapter attached under the policy's name.
+pub fn open(config: &RunConfig, fetched: Fetched) -> Result<LoadedPolicy, Error> {
+    let policy_config = config.policies.get(&fetched.name).ok_or_else(|| Error::UnknownPolicy {
+        policy: fetched.name.clone(),
+        known: config.policies.keys().cloned().collect(),
     })?;
-    let (base_marker, base) = find_base(&markers, &base_sha, &checkpoint.dir)?;
-    let base_dir = materialise(store, &base_marker.marker.files, &base.dir).await?;
-    let mut policy = Policy::load(&base_dir, &options)?;
-    policy.load_adapter(name, &dir)?;
+    let options = LoadOptions { device: policy_config.device, dtype: policy_config.dtype };
+    let (policy, base) = match fetched.base {
+        None => (Policy::load(&fetched.dir, &options)?, None),
+        Some((base, base_dir)) => {
+            let mut policy = Policy::load(&base_dir, &options)?;
+            policy.load_adapter(&fetched.name, &fetched.dir)?;
+            (policy, Some(base))
+        }
+    };
     Ok(LoadedPolicy {
-        name: name.to_string(),
-        version,
-        weights_sha256: checkpoint.weights_sha256.clone(),
+        name: fetched.name,
+        version: fetched.version,
+        weights_sha256: fetched.weights_sha256,
         policy,
-        base: Some(base),
+        base,
     })
 }
 

@@ -15,6 +15,9 @@
 //!    2. per policy (its own samples only, joined to turns by candidate_id):
 //!       recompute the response logprobs with the loaded weights (drift vs sampled;
 //!       mean drift > update.max_logprob_drift is an error), then PPO-clip steps
+//!       (a failure here, e.g. drift, may leave the earlier policies' new files as
+//!       orphans for `petting gc`; the checks of step 1 and every checkpoint's hashes
+//!       come before the first write)
 //!    3. one marker: the checkpoints v(k+1), the updates table, the versions used
 //! ```
 //!
@@ -401,15 +404,21 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     let plans = plan(config, &markers, &rollout, &turns, &samples, iteration)?;
     drop((turns, samples));
 
+    // Every checkpoint is verified before anything is written; the models are then
+    // loaded one at a time, so memory holds one policy.
     let mut read: Vec<InputRef> = rollout.iter().chain(&advantage).map(StoredMarker::input_ref).collect();
-    let mut writer = store.begin(stage);
-    let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
-    for plan in plans {
+    let mut fetched = Vec::with_capacity(plans.len());
+    for plan in &plans {
         let (source, _) = checkpoints::find(&markers, &plan.name, plan.current.version)?;
         if !read.contains(&source.input_ref()) {
             read.push(source.input_ref());
         }
-        let mut loaded = checkpoints::load(store, config, &plan.name, plan.current.version).await?;
+        fetched.push(checkpoints::fetch(store, &markers, &plan.name, plan.current.version).await?);
+    }
+    let mut writer = store.begin(stage);
+    let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
+    for (plan, fetched) in plans.into_iter().zip(fetched) {
+        let mut loaded = checkpoints::open(config, fetched)?;
         let settings = PpoSettings::new(config, &plan.name, iteration);
         let adapter = loaded.adapter().map(str::to_owned);
         rows.extend(train_ppo(&mut loaded.policy, adapter.as_deref(), &plan, &settings)?);

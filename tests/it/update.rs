@@ -74,6 +74,8 @@ enum Tamper {
     RowVersion,
     /// The marker also names a turns part written under another iteration.
     ForeignPart,
+    /// tool_p's sampled logprobs are 0.5 lower than its weights give.
+    Logprobs,
 }
 
 const TASKS: usize = 3;
@@ -174,6 +176,10 @@ async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
     match tamper {
         Tamper::WeightsHash => used.iter_mut().find(|u| u.policy == "tool_p").unwrap().weights_sha256 = "0".repeat(64),
         Tamper::RowVersion => rows[5].policy_version = iteration + 1,
+        Tamper::Logprobs => rows
+            .iter_mut()
+            .filter(|r| r.policy == "tool_p")
+            .for_each(|r| r.response_logprobs.iter_mut().for_each(|x| *x -= 0.5)),
         Tamper::None | Tamper::ForeignPart => {}
     }
     let mut writer = run.store.begin(StageId::at(Stage::Rollout, iteration));
@@ -337,8 +343,8 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
     let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
     let message = err.to_string();
     assert!(message.contains(&weights.path) && message.contains("corrupt"), "{message}");
-    // plan_p trains before tool_p is loaded: its new adapter may be left as an orphan.
-    assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+    // Every checkpoint is verified before the first write: not even an orphan.
+    assert_nothing_committed(&run, 0, None);
 }
 
 #[test]
@@ -361,6 +367,44 @@ fn update_refuses_a_turns_part_of_another_iteration() {
     assert!(matches!(err, update::Error::ForeignPart { iteration: 0, .. }), "{err}");
     assert!(err.to_string().contains("turns/iteration=1/"), "{err}");
     assert_nothing_committed(&run, 0, None);
+}
+
+#[test]
+fn update_refuses_logprobs_the_weights_do_not_give() {
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(rollout(&run, 0, Tamper::Logprobs));
+    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    match &err {
+        update::Error::Drift { policy, mean, max, .. } => {
+            assert_eq!(policy, "tool_p");
+            assert!((mean - 0.5).abs() < 1e-3 && (max - 0.5).abs() < 1e-3, "{err}");
+        }
+        other => panic!("expected a drift error, got {other}"),
+    }
+    // plan_p (trained first) may leave its new adapter behind as an orphan.
+    assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+}
+
+#[test]
+fn checkpoints_of_a_non_local_run_load_through_the_cache() {
+    let text = config_text(Path::new("memory-run"), "");
+    let config = config::parse(&text, Path::new("it.yaml")).unwrap();
+    let store =
+        RunStore::from_object_store(std::sync::Arc::new(object_store::memory::InMemory::new()), "r", "memory://r");
+    let v0 = block_on(update::initialise(&store, &config)).unwrap();
+    let mut direct = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
+    let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
+    let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
+    for name in ["tool_p", "plan_p"] {
+        let mut loaded = block_on(checkpoints::load(&store, &config, name, 0)).unwrap();
+        let on = ScoreRequest { adapter: loaded.adapter().map(str::to_owned), ..request.clone() };
+        // v0 of both is the fixture's function: the copied weights, or an adapter with B = 0.
+        assert_eq!(loaded.policy.score(&[on], 64).unwrap(), expected, "{name}");
+    }
+    let missing = block_on(checkpoints::load(&store, &config, "tool_p", 3)).unwrap_err().to_string();
+    assert!(missing.contains("latest committed: v0"), "{missing}");
+    assert_eq!(v0.checkpoints.len(), 2);
 }
 
 #[test]
