@@ -37,7 +37,7 @@ pub fn stage_statuses(markers: &[StoredMarker]) -> Vec<StageStatus> {
         by_stage.entry((m.marker.iteration, m.marker.stage)).or_default().push(m);
     }
     let last_iteration = markers.iter().filter_map(|m| m.marker.iteration).max();
-    let run_level = [(None, Stage::PrepareData)];
+    let run_level = [(None, Stage::PrepareData), (None, Stage::Update)];
     let per_iteration = (0..=last_iteration.unwrap_or(0))
         .filter(|_| last_iteration.is_some())
         .flat_map(|k| Stage::PER_ITERATION.map(|s| (Some(k), s)));
