@@ -98,7 +98,7 @@ fn a_bad_config_leaves_no_run_behind() {
 fn a_run_freezes_its_resolved_config_and_refuses_a_changed_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "it.yaml", GOOD);
-    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path, "--until", "update"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("run file://"), "{stdout}");
     let frozen = std::fs::read_to_string(dir.path().join("run/run.yaml")).unwrap();
@@ -108,7 +108,7 @@ fn a_run_freezes_its_resolved_config_and_refuses_a_changed_one() {
 
     // Comments and formatting are not a change.
     write(dir.path(), "it.yaml", &format!("# same settings\n{GOOD}"));
-    let (ok, _, stderr) = run(&["pipeline", "run", &path]);
+    let (ok, _, stderr) = run(&["pipeline", "run", &path, "--until", "update"]);
     assert!(ok, "{stderr}");
 
     write(dir.path(), "it.yaml", &GOOD.replace("iterations: 1", "iterations: 2"));
@@ -122,6 +122,8 @@ fn a_run_freezes_its_resolved_config_and_refuses_a_changed_one() {
         frozen,
         "the frozen config is untouched"
     );
-    let (ok, _, stderr) = run(&["pipeline", "run", &path, "--allow-config-change"]);
-    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path, "--allow-config-change", "--until", "update"]);
+    assert!(ok && stdout.contains("recorded as _config_history/"), "{stdout}{stderr}");
+    let history = std::fs::read_dir(dir.path().join("run/_config_history")).unwrap().count();
+    assert_eq!(history, 1, "the old config is kept");
 }
