@@ -36,7 +36,7 @@ pub fn schedule(config: &RunConfig) -> Vec<StageId> {
 /// Whether policy version `k` (k < iterations) is evaluated before iteration k samples.
 fn evaluates(config: &RunConfig, k: u32) -> bool {
     let every = config.evaluation.every;
-    (k == 0 && config.evaluation.at_start) || (k > 0 && every > 0 && k % every == 0)
+    (k == 0 && config.evaluation.at_start) || (k > 0 && every > 0 && k.is_multiple_of(every))
 }
 
 /// Runs one stage.

@@ -12,9 +12,8 @@ use std::time::Instant;
 use crate::config::{EvalMode, RolloutMode, RunConfig, Selection, WorkflowKind};
 use crate::model::GenerationSettings;
 use crate::sandbox::{Sandbox, SandboxConfig};
-use crate::schema::Table;
-use crate::store::{CommitInfo, CommitMarker, Partition, RunStore, Split, Stage, StageId};
-use crate::tables::{self, EvalRow};
+use crate::store::{CommitInfo, CommitMarker, RunStore, Split, Stage, StageId};
+use crate::tables::EvalRow;
 
 use super::checkpoints::{self, LoadedPolicy};
 use super::play::{self, Plan};
@@ -28,7 +27,7 @@ const EVALUATE: u64 = 0xE7A1;
 pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<CommitMarker, Error> {
     let stage = StageId::at(Stage::Evaluate, iteration);
     super::refuse_if_committed(store, stage).await?;
-    let mut writer = store.begin(stage);
+    let writer = store.begin(stage);
     let (prepared, mut test) = tasks::read(store, Split::Test).await?;
     test.truncate(config.evaluation.tasks as usize);
     let games = games(config, &test)?;
@@ -42,9 +41,8 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
         let plan = plan(config, mode, iteration, mode_index as u64);
         let started = Instant::now();
         let (_, finished) = tokio::task::block_in_place(|| {
-            let policies = loaded.iter_mut().map(|(name, l)| (name.clone(), &mut l.policy)).collect();
             let settings = GenerationSettings::from_config(&config.evaluation.sampling);
-            let mut responder = ModelResponder::new(policies, settings, config.rollout.max_prompt_tokens as usize);
+            let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
             play::play(&games, &plan, &mut responder, &sandbox)
         })?;
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
@@ -62,18 +60,12 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
             seconds,
         }));
     }
-    let batch =
-        tables::to_batch(&rows).map_err(|e| Error::Conform { stage, table: Table::Evals, detail: e.to_string() })?;
-    writer.write_table(Table::Evals, Partition::Iteration(iteration), &[batch]).await?;
     let info = CommitInfo {
-        run: config.run_name(),
         inputs: vec![prepared.input_ref()],
         policies_used: policy_refs(&loaded),
-        seed: config.seed,
-        config_sha256: config.sha256(),
-        ..CommitInfo::default()
+        ..super::run_info(config)
     };
-    Ok(writer.finish().commit(info).await?)
+    super::commit_rows(writer, &rows, info).await
 }
 
 pub fn mode_name(mode: EvalMode) -> &'static str {

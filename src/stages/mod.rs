@@ -19,7 +19,7 @@ use arrow::record_batch::RecordBatch;
 use crate::config::{self, RunConfig};
 use crate::schema::Table;
 use crate::sql::RunSql;
-use crate::store::{self, CommitInfo, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
+use crate::store::{self, CommitInfo, Partition, RunStore, Stage, StageId, StoredMarker};
 
 /// Why a stage could not run.
 #[derive(Debug, thiserror::Error)]
@@ -124,13 +124,27 @@ async fn commit_query(
     let mut writer = store.begin(stage);
     let iteration = stage.iteration.expect("a per-iteration stage");
     writer.write_table(table, Partition::Iteration(iteration), &conformed).await?;
-    let info = CommitInfo {
-        run: config.run_name(),
-        inputs: inputs.iter().map(StoredMarker::input_ref).collect::<Vec<InputRef>>(),
-        seed: config.seed,
-        config_sha256: config.sha256(),
-        ..CommitInfo::default()
-    };
+    let info = CommitInfo { inputs: inputs.iter().map(StoredMarker::input_ref).collect(), ..run_info(config) };
+    Ok(writer.finish().commit(info).await?)
+}
+
+/// What every marker of a run records about the run itself; stages add their inputs,
+/// policies and checkpoints.
+fn run_info(config: &RunConfig) -> CommitInfo {
+    CommitInfo { run: config.run_name(), seed: config.seed, config_sha256: config.sha256(), ..CommitInfo::default() }
+}
+
+/// Writes `rows` as the stage's part of their table for its iteration, then commits.
+async fn commit_rows<R: crate::tables::Row>(
+    mut writer: store::StageWriter<'_>,
+    rows: &[R],
+    info: CommitInfo,
+) -> Result<store::CommitMarker, Error> {
+    let stage = writer.stage();
+    let iteration = stage.iteration.expect("a per-iteration stage");
+    let batch =
+        crate::tables::to_batch(rows).map_err(|e| Error::Conform { stage, table: R::TABLE, detail: e.to_string() })?;
+    writer.write_table(R::TABLE, Partition::Iteration(iteration), &[batch]).await?;
     Ok(writer.finish().commit(info).await?)
 }
 

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use crate::model::{ChatMessage, GenerationRequest, GenerationSettings, Policy, TemplateOptions};
 
+use super::checkpoints::LoadedPolicy;
 use super::play::{Prompt, Reply, Responder};
 
 /// Sequences per generation batch: bounds the KV cache, not the result.
@@ -13,14 +14,14 @@ const MAX_BATCH: usize = 512;
 
 /// Answers prompts with loaded policies, by name.
 pub struct ModelResponder<'a> {
-    policies: BTreeMap<String, &'a mut Policy>,
+    policies: &'a mut BTreeMap<String, LoadedPolicy>,
     settings: GenerationSettings,
     max_prompt_tokens: usize,
 }
 
 impl<'a> ModelResponder<'a> {
     pub fn new(
-        policies: BTreeMap<String, &'a mut Policy>,
+        policies: &'a mut BTreeMap<String, LoadedPolicy>,
         settings: GenerationSettings,
         max_prompt_tokens: usize,
     ) -> ModelResponder<'a> {
@@ -28,16 +29,16 @@ impl<'a> ModelResponder<'a> {
     }
 }
 
-/// The chat rendering every agent prompt gets: one user message, answer directly
-/// (Qwen3's non-thinking mode; other templates ignore the flag).
-pub fn chat_prompt(policy: &Policy, text: &str) -> Result<(String, Vec<i64>), crate::model::Error> {
+/// How every agent prompt reaches a model, in rollout, evaluation and the SFT warm start
+/// alike: one user message, answer directly (Qwen3's non-thinking mode; other templates
+/// ignore the flag), tokens beyond `max_tokens` cut from the left.
+pub fn agent_prompt(policy: &Policy, text: &str, max_tokens: usize) -> Result<(String, Vec<i64>), crate::model::Error> {
     let options = TemplateOptions { add_generation_prompt: true, enable_thinking: Some(false) };
-    policy.encode_chat(&[ChatMessage::new("user", text)], &options)
-}
-
-/// The one adapter a LoRA policy samples and trains with; None for full models.
-pub fn adapter_of(policy: &Policy) -> Option<String> {
-    policy.adapter_names().into_iter().next()
+    let (text, mut ids) = policy.encode_chat(&[ChatMessage::new("user", text)], &options)?;
+    if ids.len() > max_tokens {
+        ids.drain(..ids.len() - max_tokens);
+    }
+    Ok((text, ids))
 }
 
 impl Responder for ModelResponder<'_> {
@@ -46,15 +47,10 @@ impl Responder for ModelResponder<'_> {
             .policies
             .get_mut(name)
             .ok_or_else(|| crate::model::Error::Request { reason: format!("policy {name:?} is not loaded") })?;
-        let adapter = adapter_of(policy);
-        let mut rendered = Vec::with_capacity(prompts.len());
-        for prompt in prompts {
-            let (text, mut ids) = chat_prompt(policy, &prompt.text)?;
-            if ids.len() > self.max_prompt_tokens {
-                ids.drain(..ids.len() - self.max_prompt_tokens);
-            }
-            rendered.push((text, ids));
-        }
+        let adapter = policy.adapter().map(str::to_owned);
+        let policy = &mut policy.policy;
+        let rendered: Vec<(String, Vec<i64>)> =
+            prompts.iter().map(|p| agent_prompt(policy, &p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
         let mut replies = Vec::with_capacity(prompts.len());
         for (chunk, texts) in prompts.chunks(MAX_BATCH).zip(rendered.chunks(MAX_BATCH)) {
             let requests: Vec<GenerationRequest> = chunk

@@ -14,9 +14,8 @@ use crate::envs::AnyEnv;
 use crate::envs::rng::{SplitMix64, stream};
 use crate::model::GenerationSettings;
 use crate::sandbox::{Sandbox, SandboxConfig};
-use crate::schema::Table;
-use crate::store::{CommitInfo, CommitMarker, Partition, PolicyRef, RunStore, Shard, Split, Stage, StageId};
-use crate::tables::{self, TaskRow, TurnRow};
+use crate::store::{CommitInfo, CommitMarker, PolicyRef, RunStore, Shard, Split, Stage, StageId};
+use crate::tables::{TaskRow, TurnRow};
 
 use super::checkpoints::{self, LoadedPolicy};
 use super::play::{self, Candidate, Game, Plan};
@@ -38,7 +37,7 @@ pub async fn run(
         None => StageId::at(Stage::Rollout, iteration),
     };
     super::refuse_if_committed(store, stage).await?;
-    let mut writer = store.begin(stage);
+    let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch = batch(&train, config, iteration, shard);
     let mut loaded = load_current(store, config, iteration).await?;
@@ -47,23 +46,16 @@ pub async fn run(
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let settings = GenerationSettings::from_config(&config.rollout.sampling);
     let (candidates, _) = tokio::task::block_in_place(|| {
-        let policies = loaded.iter_mut().map(|(name, l)| (name.clone(), &mut l.policy)).collect();
-        let mut responder = ModelResponder::new(policies, settings, config.rollout.max_prompt_tokens as usize);
+        let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
         play::play(&games, &plan, &mut responder, &sandbox)
     })?;
     let rows = turn_rows(config, &batch, &candidates, &loaded);
-    let table =
-        tables::to_batch(&rows).map_err(|e| Error::Conform { stage, table: Table::Turns, detail: e.to_string() })?;
-    writer.write_table(Table::Turns, Partition::Iteration(iteration), &[table]).await?;
     let info = CommitInfo {
-        run: config.run_name(),
         inputs: vec![prepared.input_ref()],
         policies_used: policy_refs(&loaded),
-        seed: config.seed,
-        config_sha256: config.sha256(),
-        ..CommitInfo::default()
+        ..super::run_info(config)
     };
-    Ok(writer.finish().commit(info).await?)
+    super::commit_rows(writer, &rows, info).await
 }
 
 /// Loads version `iteration` of every policy, refusing when it is not the latest.

@@ -45,7 +45,7 @@ use super::inputs;
 use crate::algo::loss::{Aggregation, ppo_clip_loss};
 use crate::config::{Algorithm, ModelInit, OptimizerConfig, PolicyConfig, RunConfig, Schedule, WarmStartConfig};
 use crate::envs::rng::{SplitMix64, stream};
-use crate::model::{self, ChatMessage, LoadOptions, ModelConfig, Policy, ScoreRequest, TemplateOptions};
+use crate::model::{self, LoadOptions, ModelConfig, Policy, ScoreRequest};
 use crate::schema::Table;
 use crate::store::{
     self, CommitInfo, CommitMarker, InputRef, Partition, PolicyRef, RunStore, Stage, StageId, StoredMarker,
@@ -218,12 +218,9 @@ pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMa
         writer.write_table(Table::Updates, Partition::Iteration(0), &[tables::to_batch(&rows)?]).await?;
     }
     let info = CommitInfo {
-        run: config.run_name(),
         inputs: prepared.iter().map(StoredMarker::input_ref).collect(),
         checkpoints: saved,
-        seed: config.seed,
-        config_sha256: config.sha256(),
-        ..CommitInfo::default()
+        ..super::run_info(config)
     };
     Ok(writer.finish().commit(info).await?)
 }
@@ -273,14 +270,10 @@ fn sft_examples(
         policy: name.to_string(),
         reason: "config.json has no eos_token_id to end the demonstrations with".into(),
     })?;
-    let options = TemplateOptions { add_generation_prompt: true, enable_thinking: Some(false) };
     let max_prompt = config.rollout.max_prompt_tokens as usize;
     let mut examples = Vec::new();
     for demo in demos.iter().filter(|d| agents.contains(d.agent.as_str())) {
-        let (_, mut prompt) = policy.encode_chat(&[ChatMessage::new("user", &demo.prompt)], &options)?;
-        if prompt.len() > max_prompt {
-            prompt.drain(..prompt.len() - max_prompt);
-        }
+        let (_, prompt) = super::responder::agent_prompt(policy, &demo.prompt, max_prompt)?;
         let mut response = policy.require_tokenizer()?.encode(&demo.response, false)?;
         response.push(eos);
         examples.push((prompt, response));
@@ -428,14 +421,7 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     if !rows.is_empty() {
         writer.write_table(Table::Updates, Partition::Iteration(iteration), &[tables::to_batch(&rows)?]).await?;
     }
-    let info = CommitInfo {
-        run: config.run_name(),
-        inputs: read,
-        policies_used: used,
-        checkpoints: saved,
-        seed: config.seed,
-        config_sha256: config.sha256(),
-    };
+    let info = CommitInfo { inputs: read, policies_used: used, checkpoints: saved, ..super::run_info(config) };
     Ok(writer.finish().commit(info).await?)
 }
 
