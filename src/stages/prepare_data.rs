@@ -22,7 +22,7 @@ use crate::envs::rng::{SplitMix64, stream};
 use crate::envs::{self, AnyEnv, Env, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::schema::Table;
-use crate::store::{self, CommitInfo, CommitMarker, Partition, RunStore, Split, Stage, StageId};
+use crate::store::{self, CommitMarker, Partition, RunStore, Split, Stage, StageId};
 use crate::tables::{self, DemonstrationRow, TaskRow};
 use crate::workflows::Episode;
 use crate::workflows::demos::Demonstrator;
@@ -87,12 +87,7 @@ pub async fn run(store: &RunStore, config: &RunConfig) -> Result<Prepared, Error
         let batch = tables::to_batch(&demonstrations).map_err(encode(Table::Demonstrations))?;
         writer.write_table(Table::Demonstrations, Partition::Split(Split::Train), &[batch]).await?;
     }
-    let info = CommitInfo {
-        run: config.run_name(),
-        seed: config.seed,
-        config_sha256: config.sha256(),
-        ..CommitInfo::default()
-    };
+    let info = super::run_info(config);
     let marker = writer.finish().commit(info).await?;
     Ok(Prepared { marker, train: train.len(), test: test.len(), demonstrations: demonstrations.len() })
 }
@@ -115,32 +110,48 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("instances serialise")
 }
 
-/// One generated instance: (instance JSON, reference JSON, difficulty).
-fn generate_one(env: &EnvConfig, seed: u64) -> (String, Option<String>, Option<f64>) {
+/// A freshly generated environment of one of the generated families.
+fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
     match env {
-        EnvConfig::PlanPath(c) => {
-            let e = PlanPath::generate(c, seed);
+        EnvConfig::PlanPath(c) => AnyEnv::PlanPath(PlanPath::generate(c, seed)),
+        EnvConfig::Sudoku(c) => AnyEnv::Sudoku(Sudoku::generate(c, seed)),
+        EnvConfig::Sokoban(c) => AnyEnv::Sokoban(Sokoban::generate(c, seed)),
+        EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::generate(seed)),
+        EnvConfig::Math(_) | EnvConfig::Code(_) => unreachable!("read from files"),
+    }
+}
+
+/// The instance JSON of a generated environment: what makes two tasks the same.
+fn instance_of(env: &AnyEnv) -> String {
+    match env {
+        AnyEnv::PlanPath(e) => json(&e.instance()),
+        AnyEnv::Sudoku(e) => json(&e.instance()),
+        AnyEnv::Sokoban(e) => json(&e.instance()),
+        AnyEnv::TicTacToe(e) => json(&e.instance()),
+        AnyEnv::Math(_) | AnyEnv::Code(_) => unreachable!("read from files"),
+    }
+}
+
+/// The reference JSON and difficulty of a generated environment. Solving is the costly
+/// part of generation (minimax, BFS), so it runs only for instances that are kept.
+fn reference_of(env: &AnyEnv) -> (Option<String>, Option<f64>) {
+    match env {
+        AnyEnv::PlanPath(e) => {
             let path = e.solve().map(|p| e.format_action(&p));
-            (json(&e.instance()), path.map(|p| json(&p)), Some(e.shortest() as f64))
+            (path.map(|p| json(&p)), Some(e.shortest() as f64))
         }
-        EnvConfig::Sudoku(c) => {
-            let e = Sudoku::generate(c, seed);
-            let solution = e.solve().map(|s| e.format_action(&s));
-            (json(&e.instance()), solution, Some(e.blanks() as f64))
-        }
-        EnvConfig::Sokoban(c) => {
-            let e = Sokoban::generate(c, seed);
+        AnyEnv::Sudoku(e) => (e.solve().map(|s| e.format_action(&s)), Some(e.blanks() as f64)),
+        AnyEnv::Sokoban(e) => {
             let moves = e.solve().map(|m| e.format_action(&m));
             let difficulty = moves.as_ref().map(|m| m.len() as f64);
-            (json(&e.instance()), moves.map(|m| json(&m)), difficulty)
+            (moves.map(|m| json(&m)), difficulty)
         }
-        EnvConfig::TicTacToe(_) => {
-            let e = TicTacToe::generate(seed);
+        AnyEnv::TicTacToe(e) => {
             let best = e.solve().map(|cell| json(&e.format_action(&cell)));
             let empty = e.cells().iter().filter(|c| c.is_none()).count();
-            (json(&e.instance()), best, Some(empty as f64))
+            (best, Some(empty as f64))
         }
-        EnvConfig::Math(_) | EnvConfig::Code(_) => unreachable!("read from files"),
+        AnyEnv::Math(_) | AnyEnv::Code(_) => unreachable!("read from files"),
     }
 }
 
@@ -159,10 +170,12 @@ fn generate(
             break;
         }
         let seed = stream(&[run_seed, split, index]);
-        let (instance, reference, difficulty) = generate_one(env, seed);
+        let generated = generate_env(env, seed);
+        let instance = instance_of(&generated);
         if !seen.insert(instance.clone()) {
             continue;
         }
+        let (reference, difficulty) = reference_of(&generated);
         rows.push(TaskRow {
             task_id: format!("{}/{name}/{:06}", env.name(), rows.len()),
             env: env.name().to_string(),
