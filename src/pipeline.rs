@@ -12,7 +12,7 @@
 
 use crate::config::RunConfig;
 use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, rollout, update};
-use crate::store::{CommitMarker, RunStore, Stage, StageId};
+use crate::store::{self, CommitMarker, RunStore, Stage, StageId};
 
 /// The run-level update that commits version 0 of every policy.
 pub const INITIAL_UPDATE: StageId = StageId { stage: Stage::Update, iteration: None, shard: None };
@@ -53,15 +53,11 @@ pub async fn run_stage(store: &RunStore, config: &RunConfig, id: StageId) -> Res
     }
 }
 
-/// The stages of the schedule that have no marker yet, in order.
+/// The stages of the schedule that are not committed yet, in order.
 pub async fn pending(store: &RunStore, config: &RunConfig) -> Result<Vec<StageId>, stages::Error> {
-    let mut left = Vec::new();
-    for id in schedule(config) {
-        if store.marker(&id).await?.is_none() {
-            left.push(id);
-        }
-    }
-    Ok(left)
+    let markers = store.markers().await?;
+    let committed = |id: &StageId| store::committed_among(&markers, id.stage, id.iteration).is_some();
+    Ok(schedule(config).into_iter().filter(|id| !committed(id)).collect())
 }
 
 #[cfg(test)]

@@ -68,6 +68,12 @@ pub enum Error {
     )]
     StaleVersion { policy: String, wanted: u32, latest: Option<u32> },
 
+    #[error(
+        "{stage} cannot run: {existing} is already committed with another shard count; \
+         run the missing shards with that count"
+    )]
+    ShardLayout { stage: StageId, existing: String },
+
     #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
     Conform { stage: StageId, table: Table, detail: String },
 }
@@ -87,10 +93,23 @@ async fn inputs(store: &RunStore, stage: StageId, needs: Stage, iteration: u32) 
 }
 
 /// Refuses a stage that is already committed, before any work: its commit would lose
-/// anyway, leaving only orphans.
+/// anyway, leaving only orphans. A stage that ran sharded is committed once all its
+/// shards are, and is run again only with the same shard count: mixing layouts would
+/// commit its rows twice.
 async fn refuse_if_committed(store: &RunStore, stage: StageId) -> Result<(), Error> {
-    if store.marker(&stage).await?.is_some() {
+    let markers = store.markers().await?;
+    let already = markers.iter().any(|m| m.marker.stage_id() == stage)
+        || store::committed_among(&markers, stage.stage, stage.iteration).is_some();
+    if already {
         return Err(store::Error::AlreadyCommitted { url: store.url().to_string(), stage }.into());
+    }
+    let count = |id: StageId| id.shard.map_or(1, |s| s.count);
+    let other_layout = markers
+        .iter()
+        .find(|m| m.marker.stage == stage.stage && m.marker.iteration == stage.iteration)
+        .filter(|m| count(m.marker.stage_id()) != count(stage));
+    if let Some(existing) = other_layout {
+        return Err(Error::ShardLayout { stage, existing: existing.path.clone() });
     }
     Ok(())
 }

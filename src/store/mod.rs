@@ -207,14 +207,7 @@ impl RunStore {
         if let Some(marker) = self.marker(&whole).await? {
             return Ok(Some(vec![marker]));
         }
-        let shards: Vec<StoredMarker> = self
-            .markers()
-            .await?
-            .into_iter()
-            .filter(|m| m.marker.stage == stage && m.marker.iteration == iteration)
-            .collect();
-        let expected = shards.first().and_then(|m| m.marker.shard).map(|s| s.count as usize);
-        Ok(expected.filter(|&count| shards.len() == count).map(|_| shards))
+        Ok(committed_among(&self.markers().await?, stage, iteration))
     }
 
     /// Every commit marker of the run, sorted by stage order.
@@ -324,4 +317,16 @@ impl RunStore {
 
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// The markers among `markers` that make `stage` of `iteration` committed: its one
+/// marker, or every shard's marker when it ran sharded and all shards are in.
+pub fn committed_among(markers: &[StoredMarker], stage: Stage, iteration: Option<u32>) -> Option<Vec<StoredMarker>> {
+    let of_stage: Vec<&StoredMarker> =
+        markers.iter().filter(|m| m.marker.stage == stage && m.marker.iteration == iteration).collect();
+    if let Some(whole) = of_stage.iter().find(|m| m.marker.shard.is_none()) {
+        return Some(vec![(*whole).clone()]);
+    }
+    let count = of_stage.first()?.marker.shard?.count as usize;
+    (of_stage.len() == count).then(|| of_stage.into_iter().cloned().collect())
 }
