@@ -10,6 +10,7 @@ fn sandbox(timeout_secs: u64) -> Sandbox {
         .expect("python3 runs in the sandbox")
 }
 
+#[allow(clippy::print_stderr)] // a skipped test says why on the test's stderr
 fn full(sandbox: &Sandbox, test: &str) -> bool {
     let full = sandbox.isolation() == Isolation::Full;
     if !full {
