@@ -5,6 +5,7 @@
 //! 2. the text after the last `####` on its line;
 //! 3. the rest of the last line containing "final answer" or "answer:" (any case),
 //!    after "is" / ":" and without a trailing period.
+//!
 //! A tool program's output is read by [`extract_output_answer`]: the same, falling
 //! back to its last non-empty line.
 //!

@@ -16,7 +16,7 @@ pub fn mix(mut z: u64) -> u64 {
 /// A seed derived from several keys, e.g. `stream(&[run_seed, SPLIT_TEST, index])`.
 /// Different key lists give unrelated seeds.
 pub fn stream(keys: &[u64]) -> u64 {
-    keys.iter().fold(0x5EED_0F_9E77_1265u64, |acc, &k| mix(acc ^ mix(k)))
+    keys.iter().fold(0x5E_ED0F_9E77_1265u64, |acc, &k| mix(acc ^ mix(k)))
 }
 
 /// The splitmix64 generator.

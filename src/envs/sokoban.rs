@@ -78,16 +78,20 @@ fn try_move(layout: &Layout, player: Cell, boxes: &[Cell], m: &Move) -> Option<(
     }
 }
 
+/// A search state: the player and the sorted box cells.
+type State = (Cell, Vec<Cell>);
+
 /// Shortest move list solving the state (BFS over player and boxes), or None when
 /// unsolvable or larger than `limit` states.
 fn solve_state(layout: &Layout, player: Cell, boxes: &[Cell], limit: usize) -> Option<Vec<Move>> {
-    let key = |p: Cell, b: &[Cell]| {
+    let key = |p: Cell, b: &[Cell]| -> State {
         let mut b = b.to_vec();
         b.sort();
         (p, b)
     };
     let start = key(player, boxes);
-    let mut previous: HashMap<(Cell, Vec<Cell>), Option<((Cell, Vec<Cell>), usize)>> = HashMap::new();
+    // Each reached state with the state and move it was reached by.
+    let mut previous: HashMap<State, Option<(State, usize)>> = HashMap::new();
     previous.insert(start.clone(), None);
     let mut queue = VecDeque::from([start]);
     while let Some(state) = queue.pop_front() {

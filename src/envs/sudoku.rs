@@ -55,20 +55,17 @@ fn box_side(n: usize) -> usize {
 fn allowed(board: &Board, r: usize, c: usize, v: u8) -> bool {
     let n = board.len();
     let b = box_side(n);
-    for i in 0..n {
-        if (i != c && board[r][i] == v) || (i != r && board[i][c] == v) {
-            return false;
-        }
+    let in_row = board[r].iter().enumerate().any(|(j, &x)| j != c && x == v);
+    let in_column = board.iter().enumerate().any(|(i, row)| i != r && row[c] == v);
+    if in_row || in_column {
+        return false;
     }
     let (r0, c0) = (r / b * b, c / b * b);
-    for i in r0..r0 + b {
-        for j in c0..c0 + b {
-            if (i, j) != (r, c) && board[i][j] == v {
-                return false;
-            }
-        }
-    }
-    true
+    let in_box = board[r0..r0 + b]
+        .iter()
+        .enumerate()
+        .any(|(di, row)| row[c0..c0 + b].iter().enumerate().any(|(dj, &x)| (r0 + di, c0 + dj) != (r, c) && x == v));
+    !in_box
 }
 
 /// Counts solutions up to `limit`, filling `first` with the first one found.

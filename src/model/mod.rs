@@ -15,6 +15,7 @@
 //! device and dtype, and sampling and scoring run under `tch::no_grad` themselves, since
 //! grad mode is per thread.
 
+mod build_tokenizer;
 mod chat_template;
 mod checkpoint;
 mod config;
@@ -32,6 +33,9 @@ mod weights;
 
 use std::path::{Path, PathBuf};
 
+pub use build_tokenizer::{
+    CHATML_TEMPLATE, DEFAULT_VOCAB_SIZE, END_OF_TEXT, IM_END, IM_START, TokenizerFiles, build_tokenizer, scratch_config,
+};
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateOptions};
 pub use checkpoint::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, CheckpointMeta, META_FILE, SaveAs, sha256_file};
 pub use config::{Architecture, ModelConfig, RopeScaling};

@@ -12,17 +12,32 @@
 //! * With `warm_start`, demonstrations are played on the training tasks (cycling
 //!   through them) by `workflows::demos::Demonstrator` until there are
 //!   `warm_start.demonstrations` rows.
+//! * When a policy has `init: scratch`, its tokenizer is trained here (see
+//!   `model::build_tokenizer`) from every train task's first prompt and every
+//!   demonstration's prompt and response, and committed as extra files of the marker:
+//!
+//!   ```text
+//!   <run>/tokenizer/<attempt>/tokenizer.json
+//!   <run>/tokenizer/<attempt>/tokenizer_config.json   (eos <|im_end|>, pad <|endoftext|>, chat_template)
+//!   <run>/tokenizer/<attempt>/chat_template.jinja
+//!   ```
+//!
+//!   [`committed_tokenizer`] reads them back. The budget of the vocabulary is the
+//!   `vocab_size` of the first scratch policy's `config.json`; the chat template is that
+//!   folder's `chat_template.jinja` (ChatML when it has none).
 
 use std::collections::HashSet;
 
+use bytes::Bytes;
 use serde::Serialize;
 
-use crate::config::{EnvConfig, RunConfig};
+use crate::config::{EnvConfig, ModelInit, RunConfig};
 use crate::envs::rng::{SplitMix64, stream};
 use crate::envs::{self, AnyEnv, Env, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
+use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::schema::Table;
-use crate::store::{self, CommitMarker, Partition, RunStore, Split, Stage, StageId};
+use crate::store::{self, CommitMarker, Partition, RunStore, Split, Stage, StageId, StageWriter};
 use crate::tables::{self, DemonstrationRow, TaskRow};
 use crate::workflows::Episode;
 use crate::workflows::demos::Demonstrator;
@@ -42,6 +57,12 @@ pub enum Error {
     #[error(transparent)]
     Workflow(#[from] crate::workflows::Error),
 
+    #[error(transparent)]
+    Model(#[from] model::Error),
+
+    #[error("{path}: committed tokenizer file is not UTF-8")]
+    NotUtf8 { path: String },
+
     #[error("{env} reads its tasks from files: set data.{key} in the config")]
     MissingFile { env: &'static str, key: &'static str },
 
@@ -60,6 +81,8 @@ const TRAIN: u64 = 1;
 const TEST: u64 = 2;
 /// Draws tried per wanted task before giving up on finding distinct instances.
 const DRAWS_PER_TASK: usize = 50;
+/// Folder of the committed tokenizer files, relative to the run (then the attempt id).
+pub const TOKENIZER_DIR: &str = "tokenizer";
 
 /// What prepare-data wrote.
 #[derive(Debug, Clone)]
@@ -87,9 +110,80 @@ pub async fn run(store: &RunStore, config: &RunConfig) -> Result<Prepared, Error
         let batch = tables::to_batch(&demonstrations).map_err(encode(Table::Demonstrations))?;
         writer.write_table(Table::Demonstrations, Partition::Split(Split::Train), &[batch]).await?;
     }
+    if let Some(files) = scratch_tokenizer(config, &train, &demonstrations)? {
+        write_tokenizer(&mut writer, &files).await?;
+    }
     let info = super::run_info(config);
     let marker = writer.finish().commit(info).await?;
     Ok(Prepared { marker, train: train.len(), test: test.len(), demonstrations: demonstrations.len() })
+}
+
+/// The tokenizer of the config's scratch policies, built from the corpus; None when no
+/// policy starts from scratch.
+pub fn scratch_tokenizer(
+    config: &RunConfig,
+    train: &[TaskRow],
+    demonstrations: &[DemonstrationRow],
+) -> Result<Option<TokenizerFiles>, Error> {
+    let Some(policy) = config.policies.values().find(|p| p.init == ModelInit::Scratch) else {
+        return Ok(None);
+    };
+    let budget = ModelConfig::from_dir(&policy.model)?.vocab_size;
+    let jinja = policy.model.join(TokenizerFiles::CHAT_TEMPLATE);
+    let template = if jinja.exists() {
+        std::fs::read_to_string(&jinja).map_err(|source| model::Error::Io { file: jinja.clone(), source })?
+    } else {
+        CHATML_TEMPLATE.to_owned()
+    };
+    let prompts = first_prompts(config, train)?;
+    let corpus: Vec<&str> = prompts
+        .iter()
+        .map(String::as_str)
+        .chain(demonstrations.iter().flat_map(|d| [d.prompt.as_str(), d.response.as_str()]))
+        .collect();
+    Ok(Some(build_tokenizer(&corpus, budget, &template)?))
+}
+
+/// The prompt each train task's episode opens with (the tool agent's, in tool workflows).
+fn first_prompts(config: &RunConfig, train: &[TaskRow]) -> Result<Vec<String>, Error> {
+    train
+        .iter()
+        .map(|task| {
+            let env = AnyEnv::from_instance(&config.env, &task.instance)?;
+            Ok(Episode::new(config.workflow.kind, env, config.workflow.max_turns)?.prompt())
+        })
+        .collect()
+}
+
+async fn write_tokenizer(writer: &mut StageWriter<'_>, files: &TokenizerFiles) -> Result<(), Error> {
+    for (name, text) in files.files() {
+        let path = format!("{TOKENIZER_DIR}/{}/{name}", writer.attempt());
+        writer.write_file(path, Bytes::from(text.to_owned())).await?;
+    }
+    Ok(())
+}
+
+/// The tokenizer prepare-data committed for scratch policies; None when prepare-data
+/// has not committed or built none.
+pub async fn committed_tokenizer(store: &RunStore) -> Result<Option<TokenizerFiles>, Error> {
+    let Some(stored) = store.marker(&StageId::run_level(Stage::PrepareData)).await? else {
+        return Ok(None);
+    };
+    let folder = format!("{TOKENIZER_DIR}/");
+    let mut texts = Vec::new();
+    for name in [TokenizerFiles::TOKENIZER_JSON, TokenizerFiles::TOKENIZER_CONFIG_JSON, TokenizerFiles::CHAT_TEMPLATE] {
+        let suffix = format!("/{name}");
+        let entry = stored
+            .marker
+            .files
+            .iter()
+            .find(|f| f.table.is_none() && f.path.starts_with(&folder) && f.path.ends_with(&suffix));
+        let Some(entry) = entry else { return Ok(None) };
+        let bytes = store.read_file(entry).await?;
+        texts.push(String::from_utf8(bytes.to_vec()).map_err(|_| Error::NotUtf8 { path: entry.path.clone() })?);
+    }
+    let [tokenizer_json, tokenizer_config_json, chat_template] = <[String; 3]>::try_from(texts).expect("three files");
+    Ok(Some(TokenizerFiles { tokenizer_json, tokenizer_config_json, chat_template }))
 }
 
 /// The train and test tasks of a config.
@@ -197,12 +291,14 @@ fn generate(
     Ok(rows)
 }
 
+/// A dataset row: (id, problem text, instance JSON, reference).
+type Record = (String, String, String, Option<String>);
+
 fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let env = config.env.name();
     let train_file = config.data.train_file.as_ref().ok_or(Error::MissingFile { env, key: "train_file" })?;
     let test_file = config.data.test_file.as_ref().ok_or(Error::MissingFile { env, key: "test_file" })?;
-    // (id, problem text, instance JSON, reference)
-    let read = |file| -> Result<Vec<(String, String, String, Option<String>)>, Error> {
+    let read = |file| -> Result<Vec<Record>, Error> {
         Ok(match &config.env {
             EnvConfig::Math(_) => dataset::math_records(file)?
                 .into_iter()
@@ -214,10 +310,7 @@ fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<
                 .collect(),
         })
     };
-    let rows = |records: Vec<(String, String, String, Option<String>)>,
-                split: &'static str,
-                n: usize,
-                file: &crate::config::DatasetFile| {
+    let rows = |records: Vec<Record>, split: &'static str, n: usize, file: &crate::config::DatasetFile| {
         if records.len() < n {
             return Err(Error::NotEnoughTasks {
                 split,
@@ -315,6 +408,191 @@ mod tests {
         let other =
             config(&format!("seed: 7\nenv: {{name: sudoku}}\ndata: {{train_tasks: 300, test_tasks: 100}}\n{PLANNERS}"));
         assert_ne!(tasks(&other).unwrap().0[0].instance, train[0].instance);
+    }
+
+    /// A small embedded-default config: Plan-Path 10x10, tool + planner sharing one
+    /// scratch policy of the shipped tiny Qwen3 folder.
+    fn scratch_plan_path(train: u32, demonstrations: u32) -> RunConfig {
+        let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
+        let text = format!(
+            "store: memory://scratch\niterations: 1\nenv: {{name: plan_path}}\ndata: {{train_tasks: {train}, test_tasks: 16}}\n\
+             {PLANNERS_SHARED}policies: {{shared: {{model: {}, init: scratch}}}}\nrollout: {{tasks_per_iteration: 4}}\n\
+             evaluation: {{tasks: 16}}\nwarm_start: {{demonstrations: {demonstrations}}}\n",
+            model.display()
+        );
+        parse(&text, std::path::Path::new("test.yaml")).unwrap()
+    }
+
+    const PLANNERS_SHARED: &str =
+        "workflow: {kind: tool_planner}\nagents: {tool: {policy: shared}, planner: {policy: shared}}\n";
+
+    /// (tasks, demonstrations, tokenizer files, a folder holding them) of a small config.
+    fn small_corpus() -> (Vec<TaskRow>, Vec<DemonstrationRow>, TokenizerFiles, tempfile::TempDir) {
+        let config = scratch_plan_path(64, 400);
+        let (train, _) = tasks(&config).unwrap();
+        let demos = demonstrations(&config, &train, 400).unwrap();
+        let files = scratch_tokenizer(&config, &train, &demos).unwrap().expect("a scratch policy needs a tokenizer");
+        let dir = tempfile::tempdir().unwrap();
+        files.write_to(dir.path()).unwrap();
+        (train, demos, files, dir)
+    }
+
+    fn planner_prompt(demos: &[DemonstrationRow]) -> &DemonstrationRow {
+        demos.iter().find(|d| d.agent == "planner").expect("tool_planner demos have planner turns")
+    }
+
+    /// The shipped scratch policy with a tokenizer from `dir`.
+    fn scratch_policy(dir: &std::path::Path, tokenizer: &model::Tokenizer) -> model::Policy {
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
+        let config = model::scratch_config(&folder, tokenizer).unwrap();
+        let mut policy = model::Policy::scratch(config, 7, &model::LoadOptions::default()).unwrap();
+        policy.attach_tokenizer_files(dir).unwrap();
+        policy
+    }
+
+    fn chat(prompt: &str) -> Vec<model::ChatMessage> {
+        vec![model::ChatMessage::new("user", prompt)]
+    }
+
+    #[test]
+    fn only_scratch_policies_get_a_tokenizer() {
+        let c = config(&format!("env: {{name: plan_path}}\ndata: {{train_tasks: 8, test_tasks: 20}}\n{PLANNERS}"));
+        let (train, _) = tasks(&c).unwrap();
+        assert!(scratch_tokenizer(&c, &train, &[]).unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn prepare_data_commits_the_tokenizer_it_builds() {
+        let config = scratch_plan_path(16, 40);
+        let store = RunStore::open("memory://scratch").unwrap();
+        let prepared = run(&store, &config).await.unwrap();
+        let committed = committed_tokenizer(&store).await.unwrap().expect("committed");
+        let (train, _) = tasks(&config).unwrap();
+        let demos = demonstrations(&config, &train, 40).unwrap();
+        assert_eq!(Some(committed), scratch_tokenizer(&config, &train, &demos).unwrap());
+        let paths: Vec<&str> = prepared.marker.files.iter().map(|f| f.path.as_str()).collect();
+        let attempt = &prepared.marker.attempt;
+        assert!(paths.contains(&format!("tokenizer/{attempt}/tokenizer.json").as_str()), "{paths:?}");
+        assert!(paths.contains(&format!("tokenizer/{attempt}/tokenizer_config.json").as_str()), "{paths:?}");
+    }
+
+    #[test]
+    fn the_corpus_round_trips_and_a_scratch_policy_samples_from_a_planner_prompt() {
+        let (train, demos, files, dir) = small_corpus();
+        let tokenizer = files.tokenizer().unwrap();
+        let config = scratch_plan_path(64, 400);
+        for text in
+            first_prompts(&config, &train).unwrap().iter().chain(demos.iter().flat_map(|d| [&d.prompt, &d.response]))
+        {
+            assert_eq!(&tokenizer.decode(&tokenizer.encode(text, false).unwrap(), false).unwrap(), text);
+        }
+        let mut policy = scratch_policy(dir.path(), &tokenizer);
+        assert_eq!(policy.config().vocab_size, tokenizer.vocab_size());
+        let options = model::TemplateOptions { add_generation_prompt: true, ..Default::default() };
+        let demo = planner_prompt(&demos);
+        let (text, ids) = policy.encode_chat(&chat(&demo.prompt), &options).unwrap();
+        assert_eq!(text, format!("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", demo.prompt));
+        // <|im_start|> user \n … <|im_end|> \n <|im_start|> assistant \n
+        assert_eq!((ids[0], ids[ids.len() - 5], ids[ids.len() - 3]), (1, 2, 1), "{text:?}");
+        let settings =
+            model::GenerationSettings::new(model::Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, 6);
+        let requests: Vec<model::GenerationRequest> =
+            (0..2).map(|seed| model::GenerationRequest { prompt_ids: ids.clone(), seed, adapter: None }).collect();
+        let generations = policy.generate(&requests, &settings).unwrap();
+        for g in &generations {
+            assert!(!g.token_ids.is_empty() && g.token_ids.len() <= 6, "{g:?}");
+            assert!(g.token_ids.iter().all(|&id| (0..tokenizer.vocab_size() as i64).contains(&id)));
+            assert!(g.logprobs.iter().all(|&lp| lp.is_finite() && lp <= 0.0), "{g:?}");
+        }
+    }
+
+    /// Forward + backward of 64 planner demonstrations (prompt and answer), printed with
+    /// `--nocapture`: the cost of one warm-start step. No timing is asserted.
+    #[test]
+    #[ignore = "a measurement; run with --ignored --nocapture"]
+    #[allow(clippy::print_stderr)]
+    fn measure_forward_backward_of_64_planner_sequences() {
+        let (_, demos, files, dir) = small_corpus();
+        let tokenizer = files.tokenizer().unwrap();
+        let mut policy = scratch_policy(dir.path(), &tokenizer);
+        let options = model::TemplateOptions { add_generation_prompt: true, ..Default::default() };
+        let requests: Vec<model::ScoreRequest> = demos
+            .iter()
+            .filter(|d| d.agent == "planner")
+            .take(64)
+            .map(|d| {
+                let (_, prompt_ids) = policy.encode_chat(&chat(&d.prompt), &options).unwrap();
+                let mut response_ids = tokenizer.encode(&d.response, false).unwrap();
+                response_ids.push(2);
+                model::ScoreRequest { prompt_ids, response_ids, adapter: None }
+            })
+            .collect();
+        assert_eq!(requests.len(), 64);
+        let tokens: usize = requests.iter().map(|r| r.prompt_ids.len() + r.response_ids.len()).sum();
+        let response_tokens: usize = requests.iter().map(|r| r.response_ids.len()).sum();
+        let mut loss = |mb: &model::MicroBatch| -> model::Result<tch::Tensor> {
+            Ok(-(&mb.logprobs * &mb.mask).sum(tch::Kind::Float) / response_tokens as f64)
+        };
+        let threads = tch::get_num_threads();
+        // The first pass includes libtorch's warm-up; the second is a steady-state step.
+        for pass in ["first", "second"] {
+            let started = std::time::Instant::now();
+            policy.backward(&requests, usize::MAX, false, 0, &mut loss).unwrap();
+            let seconds = started.elapsed().as_secs_f64();
+            eprintln!(
+                "{pass} forward+backward of 64 planner sequences ({tokens} tokens, {threads} threads): {seconds:.3} s"
+            );
+        }
+    }
+
+    /// Token counts of the embedded default's prompts with the tokenizer prepare-data
+    /// builds for `pipelines/plan-path.yaml` (printed; the module docs record them).
+    #[test]
+    #[ignore = "a measurement over the full plan-path corpus; run with --ignored --nocapture"]
+    #[allow(clippy::print_stderr)]
+    fn measure_prompt_tokens_of_the_embedded_default() {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/plan-path.yaml");
+        let config = crate::config::load(&file).unwrap().resolved();
+        let (train, _) = tasks(&config).unwrap();
+        let wanted = config.warm_start.as_ref().unwrap().demonstrations as usize;
+        let started = std::time::Instant::now();
+        let demos = demonstrations(&config, &train, wanted).unwrap();
+        let demo_seconds = started.elapsed().as_secs_f64();
+        let started = std::time::Instant::now();
+        let files = scratch_tokenizer(&config, &train, &demos).unwrap().unwrap();
+        let build_seconds = started.elapsed().as_secs_f64();
+        let tokenizer = files.tokenizer().unwrap();
+        let template = model::ChatTemplate::new(&files.chat_template, vec![]).unwrap();
+        let options = model::TemplateOptions { add_generation_prompt: true, ..Default::default() };
+        let count = |prompt: &str| {
+            let text = template.render(&chat(prompt), &options).unwrap();
+            (tokenizer.encode(&text, false).unwrap().len(), text.len())
+        };
+        let mean = |agent: &str| {
+            let counts: Vec<(usize, usize)> =
+                demos.iter().filter(|d| d.agent == agent).map(|d| count(&d.prompt)).collect();
+            let n = counts.len() as f64;
+            let max = counts.iter().map(|c| c.0).max().unwrap();
+            (
+                counts.iter().map(|c| c.0).sum::<usize>() as f64 / n,
+                max,
+                counts.iter().map(|c| c.1).sum::<usize>() as f64 / n,
+            )
+        };
+        let response_tokens: Vec<usize> =
+            demos.iter().map(|d| tokenizer.encode(&d.response, false).unwrap().len()).collect();
+        eprintln!(
+            "demos {} in {demo_seconds:.1} s, tokenizer {} tokens in {build_seconds:.1} s",
+            demos.len(),
+            tokenizer.vocab_size()
+        );
+        eprintln!("tool prompt (tokens mean, max, chars): {:?}", mean("tool"));
+        eprintln!("planner prompt (tokens mean, max, chars): {:?}", mean("planner"));
+        eprintln!("response tokens max: {:?}", response_tokens.iter().max());
+        let d = planner_prompt(&demos);
+        let ids = tokenizer.encode(&d.prompt, false).unwrap();
+        let pieces: Vec<String> = ids.iter().map(|&id| tokenizer.decode(&[id], false).unwrap()).collect();
+        eprintln!("a planner prompt as tokens: {pieces:?}");
     }
 
     #[test]
