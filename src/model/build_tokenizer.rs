@@ -19,6 +19,12 @@
 //! boilerplate phrases, even whole sentences such as `print(bfs(grid, `, into single
 //! tokens. A capital followed by a lower-case letter starts a word (`You`, `Error`).
 //!
+//! The split pieces stop BPE at every lone capital and digit, so constant lines that
+//! mention S, G or a number (the rules, the helpers' documentation) would still cost
+//! dozens of tokens in every prompt. Lines of words that at least 1% of the corpus
+//! texts hold verbatim therefore become one (non-special) token each, matched before
+//! BPE: the instructions cost a few tokens, and compute goes to the grid.
+//!
 //! Measured on the corpus of `pipelines/plan-path.yaml` (640 train tasks, 25,000
 //! demonstrations; 3.4 s to train, 909 tokens of a 1,024 budget), prompts rendered with
 //! the ChatML template and a generation prompt (`prepare_data`'s ignored test
@@ -37,7 +43,7 @@
 //! (the BPE trainer breaks count ties by token ids, its alphabet is sorted, and JSON
 //! maps are written in key or id order).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use tokenizers::models::TrainerWrapper;
@@ -75,6 +81,12 @@ const ROLE_TEXTS: &str = "user\nassistant\n";
 
 /// Pairs seen fewer times than this are not merged: one-off texts stay in small pieces.
 const MIN_FREQUENCY: u64 = 2;
+
+/// A line held verbatim by at least this share of the corpus texts is one token.
+const LINE_TOKEN_SHARE: f64 = 0.01;
+
+/// At most this many line tokens, the most frequent first.
+const MAX_LINE_TOKENS: usize = 64;
 
 /// The files of a built tokenizer, as a Hugging Face folder holds them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,8 +147,9 @@ pub fn build_tokenizer<S: AsRef<str> + Sync>(
     let specials: Vec<AddedToken> =
         [END_OF_TEXT, IM_START, IM_END].iter().map(|t| AddedToken::from(*t, true)).collect();
     let alphabet: HashSet<char> = ByteLevel::alphabet().into_iter().collect();
+    let lines = frequent_lines(corpus);
     let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
-        .vocab_size(vocab_size)
+        .vocab_size(vocab_size.saturating_sub(lines.len()))
         .min_frequency(MIN_FREQUENCY)
         .special_tokens(specials)
         .initial_alphabet(alphabet)
@@ -144,15 +157,39 @@ pub fn build_tokenizer<S: AsRef<str> + Sync>(
         .build()
         .into();
     // The role names count as often as the texts, so each becomes one token.
-    let roles = std::iter::repeat_n(ROLE_TEXTS, corpus.len().max(1));
-    let texts = corpus.iter().map(AsRef::as_ref).chain(roles);
+    // BPE learns the rest of the text; the line tokens take the last ids.
+    let roles = std::iter::repeat_n(ROLE_TEXTS.to_owned(), corpus.len().max(1));
+    let texts = corpus.iter().map(|t| without_lines(t.as_ref(), &lines)).chain(roles);
     tokenizer.train(&mut trainer, texts).map_err(tokenizer_error)?;
+    let line_tokens: Vec<AddedToken> = lines.iter().map(|l| AddedToken::from(l.as_str(), false)).collect();
+    tokenizer.add_tokens(&line_tokens);
 
     Ok(TokenizerFiles {
         tokenizer_json: tokenizer.to_string(true).map_err(tokenizer_error)?,
         tokenizer_config_json: tokenizer_config(chat_template),
         chat_template: chat_template.to_owned(),
     })
+}
+
+/// Lines with a lower-case letter (so not grid rows or moves) that at least
+/// [`LINE_TOKEN_SHARE`] of the texts hold, most frequent first, ties by text.
+fn frequent_lines<S: AsRef<str>>(corpus: &[S]) -> Vec<String> {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for text in corpus {
+        let lines: HashSet<&str> = text.as_ref().split('\n').collect();
+        for line in lines.into_iter().filter(|l| l.len() > 1 && l.chars().any(|c| c.is_ascii_lowercase())) {
+            *counts.entry(line).or_default() += 1;
+        }
+    }
+    let least = ((corpus.len() as f64 * LINE_TOKEN_SHARE).ceil() as usize).max(MIN_FREQUENCY as usize);
+    let mut frequent: Vec<(&str, usize)> = counts.into_iter().filter(|&(_, n)| n >= least).collect();
+    frequent.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    frequent.into_iter().take(MAX_LINE_TOKENS).map(|(line, _)| line.to_owned()).collect()
+}
+
+/// `text` without the lines that are tokens of their own.
+fn without_lines(text: &str, lines: &[String]) -> String {
+    text.split('\n').filter(|l| !lines.iter().any(|t| t == l)).collect::<Vec<_>>().join("\n")
 }
 
 /// `tokenizer_config.json` as transformers writes it for a fast tokenizer; spaces are
@@ -268,7 +305,18 @@ mod tests {
             "You are the planner of a team of two. Current state:"
         );
         // A frequent phrase (40 times in the corpus) is one token.
-        assert_eq!(pieces(&t, "print(bfs(grid, "), ["print(bfs(grid, "]);
+        assert_eq!(pieces(&t, "Its output:"), ["Its output:"]);
+    }
+
+    #[test]
+    fn frequent_lines_are_one_token_even_with_capitals_and_digits() {
+        let (_, t) = built();
+        let line = "print(bfs(grid, S, G))";
+        assert_eq!(pieces(&t, &format!("{line}\n{line}")), [line, "\n", line]);
+        // Grid rows and move strings never become line tokens, however frequent.
+        assert_eq!(pieces(&t, "RRDDL"), ["R", "R", "D", "D", "L"]);
+        // A line that varies (the corpus ends it with the text's index) stays in pieces.
+        assert!(pieces(&t, "End your reply with the moves after ####, for example: #### RRDL 7").len() > 5);
     }
 
     #[test]

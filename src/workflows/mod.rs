@@ -102,6 +102,8 @@ pub struct Episode {
     next: usize,
     done: bool,
     memory: Memory,
+    /// Length of the history when this turn began.
+    turn_start: usize,
 }
 
 impl Episode {
@@ -132,6 +134,7 @@ impl Episode {
             next: 0,
             done: false,
             memory: Memory::default(),
+            turn_start: 0,
         })
     }
 
@@ -161,8 +164,14 @@ impl Episode {
         self.env.success()
     }
 
+    /// The history lines a prompt shows. Where the workflow hands this turn's earlier
+    /// replies over in full (the tool report, the coder's program, the tests), their
+    /// history lines would only repeat them, so only earlier turns are shown.
     fn history(&self) -> &[String] {
+        let shown_in_full =
+            matches!(self.kind, WorkflowKind::ToolPlanner | WorkflowKind::ToolReasoner | WorkflowKind::CoderTester);
         let h = &self.memory.history;
+        let h = if shown_in_full { &h[..self.turn_start] } else { &h[..] };
         &h[h.len().saturating_sub(HISTORY_SHOWN)..]
     }
 
@@ -240,6 +249,7 @@ impl Episode {
         if self.next == self.roles.len() {
             self.next = 0;
             self.turn += 1;
+            self.turn_start = self.memory.history.len();
             if self.turn >= self.max_turns {
                 self.done = true;
             }

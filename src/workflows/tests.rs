@@ -49,7 +49,7 @@ fn tool_and_planner_play_plan_path_to_the_goal() {
         prompt.contains("Tool agent's program:\n```python\nprint(bfs(grid, S, G))\n```\nIts output:\nRR"),
         "{prompt}"
     );
-    assert!(prompt.contains("Turn 1, tool: [\"R\",\"R\"] -> RR"), "{prompt}");
+    assert!(!prompt.contains("So far"), "the tool's turn is shown in full, not repeated as history: {prompt}");
     assert!(prompt.ends_with("End your reply with the moves after ####, for example: #### RRDL"), "{prompt}");
 
     let planner = episode.step("The tool is right.\n#### RR", &sb);
