@@ -71,6 +71,35 @@ pub struct RunConfig {
     /// model is initialised from scratch (the embedded default).
     #[serde(default)]
     pub warm_start: Option<WarmStartConfig>,
+    /// The stored run this one starts from (`pipeline run --from URL@K` sets it): that
+    /// run's policies of version K are this run's checkpoints of version K, and its
+    /// iterations run from K on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkConfig>,
+}
+
+/// A stored run and one of its iterations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkConfig {
+    /// The source run: a local path or a URL.
+    pub from: String,
+    /// Its iteration K: the run starts from the policies iteration K sampled with.
+    pub iteration: u32,
+}
+
+impl std::str::FromStr for ForkConfig {
+    type Err = String;
+
+    /// `URL@K`, e.g. `runs/plan-path@10` or `s3://bucket/runs/a@3`.
+    fn from_str(text: &str) -> Result<ForkConfig, String> {
+        let (from, k) = text.rsplit_once('@').ok_or_else(|| format!("{text:?} is not URL@K (e.g. runs/a@10)"))?;
+        let iteration = k.parse().map_err(|_| format!("{k:?} after '@' in {text:?} is not an iteration number"))?;
+        if from.is_empty() {
+            return Err(format!("{text:?} names no run before '@'"));
+        }
+        Ok(ForkConfig { from: from.to_string(), iteration })
+    }
 }
 
 /// The environment, chosen by `name`, with its own parameters beside it.
@@ -724,11 +753,15 @@ impl LoadedConfig {
 
     /// The store URL, with a local path taken relative to the config file.
     pub fn store_url(&self) -> String {
-        let store = &self.config.store;
-        if store.contains("://") || Path::new(store).is_absolute() {
-            store.clone()
+        self.resolve_url(&self.config.store)
+    }
+
+    /// A URL as it is; a local path relative to the config file's folder.
+    fn resolve_url(&self, location: &str) -> String {
+        if location.contains("://") || Path::new(location).is_absolute() {
+            location.to_string()
         } else {
-            self.resolve(Path::new(store)).to_string_lossy().into_owned()
+            self.resolve(Path::new(location)).to_string_lossy().into_owned()
         }
     }
 
@@ -737,6 +770,9 @@ impl LoadedConfig {
     pub fn resolved(&self) -> RunConfig {
         let mut config = self.config.clone();
         config.store = self.store_url();
+        if let Some(fork) = &mut config.fork {
+            fork.from = self.resolve_url(&fork.from);
+        }
         for policy in config.policies.values_mut() {
             policy.model = absolute(&self.resolve(&policy.model));
         }
@@ -806,6 +842,14 @@ impl RunConfig {
         self.validate_algorithm()?;
         self.validate_update()?;
         self.validate_evaluation()?;
+        if let Some(fork) = &self.fork {
+            check(!fork.from.trim().is_empty(), "fork.from", "is empty; give the source run's path or URL")?;
+            check(
+                fork.iteration <= self.iterations,
+                "fork.iteration",
+                format!("is {}, past the run's last iteration ({})", fork.iteration, self.iterations),
+            )?;
+        }
         if let Some(warm) = &self.warm_start {
             check(
                 !matches!(self.env, EnvConfig::Math(_) | EnvConfig::Code(_)),
@@ -971,6 +1015,11 @@ impl RunConfig {
     }
 
     /// The run's name: `name`, or the last segment of the store URL.
+    /// The first iteration the run trains: 0, or the iteration it was forked from.
+    pub fn first_iteration(&self) -> u32 {
+        self.fork.as_ref().map_or(0, |f| f.iteration)
+    }
+
     pub fn run_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| {
             let trimmed = self.store.trim_end_matches('/');

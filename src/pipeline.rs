@@ -9,6 +9,9 @@
 //!
 //! `evaluate k` measures version k, the policies iteration k samples with; it runs at
 //! k = 0 when `evaluation.at_start`, every `evaluation.every` iterations, and at the end.
+//!
+//! A fork of iteration K of another run (`fork` in the config) has the same schedule
+//! from K on: its run-level update commits the source's version K of every policy.
 
 use crate::config::RunConfig;
 use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, rollout, update};
@@ -21,7 +24,7 @@ pub const INITIAL_UPDATE: StageId = StageId { stage: Stage::Update, iteration: N
 pub fn schedule(config: &RunConfig) -> Vec<StageId> {
     let n = config.iterations;
     let mut stages = vec![StageId::run_level(Stage::PrepareData), INITIAL_UPDATE];
-    for k in 0..n {
+    for k in config.first_iteration()..n {
         if evaluates(config, k) {
             stages.push(StageId::at(Stage::Evaluate, k));
         }
@@ -35,8 +38,8 @@ pub fn schedule(config: &RunConfig) -> Vec<StageId> {
 
 /// Whether policy version `k` (k < iterations) is evaluated before iteration k samples.
 fn evaluates(config: &RunConfig, k: u32) -> bool {
-    let every = config.evaluation.every;
-    (k == 0 && config.evaluation.at_start) || (k > 0 && every > 0 && k.is_multiple_of(every))
+    let (every, first) = (config.evaluation.every, config.first_iteration());
+    (k == first && config.evaluation.at_start) || (k > first && every > 0 && k.is_multiple_of(every))
 }
 
 /// Runs one stage.
@@ -86,6 +89,17 @@ mod tests {
         assert_eq!(evaluations, ["evaluate0", "evaluate2", "evaluate4", "evaluate5"]);
         assert_eq!(names.last().unwrap(), "evaluate5");
         assert_eq!(stages.len(), 2 + 5 * 4 + 4);
+    }
+
+    #[test]
+    fn a_fork_runs_the_iterations_from_its_source_iteration_on() {
+        let mut config = config("{every: 2, at_start: true, tasks: 10}");
+        config.fork = Some("runs/a@3".parse().unwrap());
+        let names = names(&schedule(&config));
+        assert_eq!(names[..3], ["prepare-data", "update", "evaluate3"]);
+        assert_eq!(names[3..7], ["rollout3", "group3", "advantage3", "update3"]);
+        assert_eq!(names.last().unwrap(), "evaluate5");
+        assert_eq!(names.len(), 2 + 2 * 4 + 3);
     }
 
     #[test]

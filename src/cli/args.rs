@@ -150,6 +150,10 @@ pub struct PipelineRunArgs {
     /// Stop before this stage, e.g. `rollout:3` (to run it by hand, sharded, elsewhere).
     #[arg(long, value_name = "STAGE:K")]
     pub until: Option<String>,
+    /// Start a new run from iteration K of a stored run (its policies of version K),
+    /// e.g. `--from runs/plan-path@10`; resuming the new run later needs no --from.
+    #[arg(long, value_name = "URL@K")]
+    pub from: Option<petting::config::ForkConfig>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -3,20 +3,29 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use petting::config::{self, RunConfig};
+use petting::config::{self, ForkConfig, RunConfig};
 use petting::pipeline;
 use petting::sql::RunSql;
+use petting::stages::update;
 use petting::store::layout::RUN_CONFIG;
 use petting::store::{RunStore, Stage};
 
 use super::args::PipelineRunArgs;
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
-    let loaded = config::load(&args.config)?;
-    let config = &loaded.resolved();
-    let store = RunStore::open(&config.store)?;
+    let mut loaded = config::load(&args.config)?;
+    if let Some(fork) = &args.from {
+        loaded.config.fork = Some(fork_from_here(fork)?);
+        fork_checks(&loaded.resolved()).await?;
+    }
+    let store = RunStore::open(&loaded.store_url())?;
     let stored = store.init_config(&loaded.frozen_yaml()).await?;
     let previous = config::parse(&stored, &Path::new(store.url()).join(RUN_CONFIG))?;
+    if args.from.is_none() && loaded.config.fork.is_none() {
+        // A fork resumes like any run: its origin is in run.yaml.
+        loaded.config.fork = previous.fork.clone();
+    }
+    let config = &loaded.resolved();
     if previous.sha256() != config.sha256() {
         if !args.allow_config_change {
             bail!(
@@ -56,6 +65,26 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
         }
     }
     println!("{}", final_line(&store).await?);
+    Ok(())
+}
+
+/// The fork with a local source path made absolute against the working directory.
+fn fork_from_here(fork: &ForkConfig) -> anyhow::Result<ForkConfig> {
+    if fork.from.contains("://") {
+        return Ok(fork.clone());
+    }
+    let path = std::path::absolute(&fork.from).with_context(|| format!("--from {}", fork.from))?;
+    Ok(ForkConfig { from: path.to_string_lossy().into_owned(), ..fork.clone() })
+}
+
+/// Refuses a fork into its own source or from a missing iteration, before the new run exists.
+async fn fork_checks(config: &RunConfig) -> anyhow::Result<()> {
+    let fork = config.fork.as_ref().expect("a fork");
+    let (source, target) = (RunStore::open(&fork.from)?, RunStore::open(&config.store)?);
+    if source.url() == target.url() {
+        bail!("--from names the run's own store {}; a fork needs a new store", target.url());
+    }
+    update::check_fork(config).await?;
     Ok(())
 }
 

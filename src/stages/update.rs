@@ -43,7 +43,9 @@ use tch::{Kind, Tensor};
 use super::checkpoints::{self, LoadedPolicy};
 use super::inputs;
 use crate::algo::loss::{Aggregation, ppo_clip_loss};
-use crate::config::{Algorithm, ModelInit, OptimizerConfig, PolicyConfig, RunConfig, Schedule, WarmStartConfig};
+use crate::config::{
+    Algorithm, ForkConfig, ModelInit, OptimizerConfig, PolicyConfig, RunConfig, Schedule, WarmStartConfig,
+};
 use crate::envs::rng::{SplitMix64, stream};
 use crate::model::{self, LoadOptions, ModelConfig, Policy, ScoreRequest};
 use crate::schema::Table;
@@ -139,6 +141,9 @@ pub enum Error {
 
     #[error("policy {policy:?}: {reason}")]
     Init { policy: String, reason: String },
+
+    #[error("cannot fork iteration {iteration} of {from}: {source}")]
+    Fork { from: String, iteration: u32, source: Box<checkpoints::Error> },
 }
 
 /// Keys of this stage's random streams (beside the run seed).
@@ -158,11 +163,15 @@ fn load_options(policy: &PolicyConfig) -> LoadOptions {
 
 // ───────────────────────────── v0: the run-level update ─────────────────────────────
 
-/// Commits v0 of every policy (`_commits/update.json`).
+/// Commits v0 of every policy (`_commits/update.json`), or for a fork of iteration K
+/// the source run's version K.
 pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMarker, Error> {
     let stage = StageId::run_level(Stage::Update);
     if store.marker(&stage).await?.is_some() {
         return Err(store::Error::AlreadyCommitted { url: store.url().to_string(), stage }.into());
+    }
+    if let Some(fork) = &config.fork {
+        return initialise_from(store, config, fork).await;
     }
     let prepared = store.marker(&StageId::run_level(Stage::PrepareData)).await?;
     let mut writer = store.begin(stage);
@@ -222,6 +231,44 @@ pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMa
         checkpoints: saved,
         ..super::run_info(config)
     };
+    Ok(writer.finish().commit(info).await?)
+}
+
+/// Checks that the run a config forks from has committed version K of every policy.
+pub async fn check_fork(config: &RunConfig) -> Result<(), Error> {
+    let Some(fork) = &config.fork else { return Ok(()) };
+    let markers = RunStore::open(&fork.from)?.markers().await?;
+    for name in config.policies.keys() {
+        checkpoints::find(&markers, name, fork.iteration).map_err(|e| fork_error(fork, e))?;
+    }
+    Ok(())
+}
+
+fn fork_error(fork: &ForkConfig, source: checkpoints::Error) -> Error {
+    Error::Fork { from: fork.from.clone(), iteration: fork.iteration, source: Box::new(source) }
+}
+
+/// Commits the source run's version K of every policy as this run's version K. Every
+/// checkpoint is found and verified before anything is written.
+async fn initialise_from(store: &RunStore, config: &RunConfig, fork: &ForkConfig) -> Result<CommitMarker, Error> {
+    let k = fork.iteration;
+    let source = RunStore::open(&fork.from)?;
+    let markers = source.markers().await?;
+    let mut fetched = Vec::new();
+    for name in config.policies.keys() {
+        fetched.push(checkpoints::fetch(&source, &markers, name, k).await.map_err(|e| fork_error(fork, e))?);
+    }
+    let mut writer = store.begin(StageId::run_level(Stage::Update));
+    let mut saved = Vec::new();
+    for fetched in fetched {
+        let base = match &fetched.base {
+            Some((_, dir)) => Some(checkpoints::save_base(&mut writer, &fetched.name, dir).await?),
+            None => None,
+        };
+        let loaded = LoadedPolicy { base, ..checkpoints::open(config, fetched)? };
+        saved.push(checkpoints::save(&mut writer, &loaded, k).await?);
+    }
+    let info = CommitInfo { checkpoints: saved, ..super::run_info(config) };
     Ok(writer.finish().commit(info).await?)
 }
 

@@ -52,20 +52,22 @@ const LOGPROBS: &str = "response_logprobs";
 
 /// Rows of the tables that must not depend on timing, in a fixed order.
 fn content(run_dir: &Path) -> String {
-    content_with(run_dir, &format!("{LOGPROBS},"))
+    content_with(run_dir, &format!("{LOGPROBS},"), "true")
 }
 
-fn content_with(run_dir: &Path, logprobs: &str) -> String {
+/// `content` with extra turns columns (`logprobs`), of the rows `filter` keeps.
+fn content_with(run_dir: &Path, logprobs: &str, filter: &str) -> String {
     let turns = sql_as(
         run_dir,
         &format!(
             "select candidate_id, policy, policy_version, node_id, parent_id, selected, prompt_tokens, \
              response_tokens, {logprobs} action, local_reward, team_reward, sampling_seed from turns \
-             order by iteration, candidate_id"
+             where {filter} order by iteration, candidate_id"
         ),
         "json",
     );
-    let samples = sql_as(run_dir, "select * from samples order by iteration, candidate_id", "json");
+    let samples =
+        sql_as(run_dir, &format!("select * from samples where {filter} order by iteration, candidate_id"), "json");
     format!("{turns}\n{samples}")
 }
 
@@ -195,7 +197,7 @@ fn sharding_a_rollout_changes_nothing() {
     pipeline(&config_c);
     // A shard batches fewer prompts per forward, and CPU kernels are not batch-invariant:
     // logprobs may differ in the last bits; tokens, rewards, trees and samples may not.
-    assert_eq!(content_with(&a, ""), content_with(&c, ""));
+    assert_eq!(content_with(&a, "", "true"), content_with(&c, "", "true"));
     let (logprobs_a, logprobs_c) = (logprobs(&a), logprobs(&c));
     assert_eq!(logprobs_a.len(), logprobs_c.len());
     for (x, y) in logprobs_a.iter().zip(&logprobs_c) {
@@ -207,4 +209,33 @@ fn logprobs(run_dir: &Path) -> Vec<f64> {
     let json = sql_as(run_dir, &format!("select {LOGPROBS} from turns order by iteration, candidate_id"), "json");
     let rows: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
     rows.iter().flat_map(|r| r[LOGPROBS].as_array().unwrap().iter().map(|v| v.as_f64().unwrap())).collect()
+}
+
+#[test]
+fn a_fork_of_iteration_1_replays_it_and_resumes_without_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, f) = (dir.path().join("a"), dir.path().join("f"));
+    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let config_f = write_config(dir.path(), "f", &f, 5);
+    let source = |k: u32| format!("{}@{k}", a.display());
+
+    let (ok, _, stderr) = run(&["pipeline", "run", &config_f, "--from", &source(7)]);
+    assert!(!ok && stderr.contains("no committed checkpoint of policy"), "{stderr}");
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &config_f, "--from", &source(1)]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("iteration 1: reward") && !stdout.contains("iteration 0"), "{stdout}");
+
+    // Same seed, same v1 weights: iteration 1 is sampled and scored exactly as in the source.
+    let iteration_1 = |run_dir: &Path| content_with(run_dir, &format!("{LOGPROBS},"), "iteration = 1");
+    assert_eq!(iteration_1(&a), iteration_1(&f));
+    assert_eq!(sql(&f, "select count(*) as n from turns where iteration <> 1"), "n\n0\n");
+    assert_eq!(sql(&f, "select distinct iteration from evals order by 1"), "iteration\n1\n2\n");
+    let (ok, run_yaml, _) = run(&["status", f.to_str().unwrap()]);
+    assert!(ok, "{run_yaml}");
+
+    // Resuming needs no --from: the origin is in run.yaml.
+    let again = pipeline(&config_f);
+    assert!(again.contains("resuming"), "{again}");
+    let (ok, _, stderr) = run(&["pipeline", "run", &config_f, "--from", &source(0)]);
+    assert!(!ok && stderr.contains("different config"), "{stderr}");
 }
