@@ -7,7 +7,7 @@
 //!
 //! | env | tool agent program | planner / player |
 //! |---|---|---|
-//! | Plan-Path | `bfs` / `greedy` / `random_walk` / broken, shares from `env.demonstrations` (default 15/45/30/10) | copies the tool's output with `planner_copies_tool` (0.45), else its own path: BFS 30%, a corrupted BFS path 70% (one move inserted, truncated, one move replaced, or a random walk, as in the prototype) |
+//! | Plan-Path | `bfs` / `greedy` / `random_walk` / broken, shares from `env.demonstrations` (default 15/45/30/10) | adopts the tool's answer (`#### tool`) with `planner_copies_tool` (0.45), else its own path: BFS 30%, a corrupted BFS path 70% (one move inserted, truncated, one move replaced, or a random walk, as in the prototype) |
 //! | Sudoku | `solve` 15%, `first_fit` 45%, prints the grid unchanged 30%, broken 10% | copies 45%, else the solution 30% or `first_fit`'s grid 70% |
 //! | Sokoban | `solve` 30%, prints a guessed move string 60%, broken 10% | copies 45%, else the solution 30% or random moves 70% |
 //! | Tic-tac-toe | — | each player: the minimax move 30%, the first free cell 70% |
@@ -25,7 +25,7 @@ use crate::envs::rng::SplitMix64;
 use crate::envs::{AnyEnv, Env, plan_path, sudoku};
 use crate::sandbox::{Program, RunOutput, Sandbox, Status};
 
-use super::{Episode, tool_preamble};
+use super::{ADOPT_TOOL_ANSWER, Episode, tool_preamble};
 
 /// One demonstrated reply.
 #[derive(Debug, Clone, PartialEq)]
@@ -196,10 +196,8 @@ impl Demonstrator {
             AnyEnv::Sokoban(e) => e.parse(text).is_ok(),
             _ => false,
         };
-        if let Some(output) = tool_output.filter(|o| !o.is_empty() && parses(o))
-            && rng.chance(copies)
-        {
-            return (output, "planner_copy");
+        if tool_output.is_some_and(|o| !o.is_empty() && parses(&o)) && rng.chance(copies) {
+            return (ADOPT_TOOL_ANSWER.to_string(), "planner_copy");
         }
         let own_right = rng.chance(0.3);
         match env {

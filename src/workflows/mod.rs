@@ -53,6 +53,10 @@ const TOOL_OUTPUT_SHOWN: usize = 600;
 /// History lines kept in prompts.
 const HISTORY_SHOWN: usize = 6;
 
+/// A planner's answer that adopts the tool agent's answer as it stands (`#### tool`):
+/// trusting the tool is one decision, not a copy the model must get right move by move.
+pub const ADOPT_TOOL_ANSWER: &str = "tool";
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -231,6 +235,7 @@ impl Episode {
             (WorkflowKind::CoderTester, "coder") => self.coder_step(reply, sandbox),
             (WorkflowKind::CoderTester, _) => self.tester_step(reply, sandbox),
             (WorkflowKind::TwoPlayers, _) => self.player_step(reply, sandbox),
+            (WorkflowKind::ToolPlanner, _) => self.planner_step(reply, sandbox),
             _ => self.env_step(reply, sandbox),
         };
         outcome.turn = turn;
@@ -258,6 +263,19 @@ impl Episode {
         outcome.team_reward = self.env.team_reward();
         outcome.success = self.env.success();
         outcome
+    }
+
+    /// Planner: acts like [`Self::env_step`], with `#### tool` standing for the tool
+    /// agent's printed answer.
+    fn planner_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+        let adopts = reply.rsplit_once("####").is_some_and(|(_, answer)| answer.trim() == ADOPT_TOOL_ANSWER);
+        match (&self.memory.tool_answer, adopts) {
+            (Some(tool), true) => {
+                let reply = format!("#### {tool}");
+                self.env_step(&reply, sandbox)
+            }
+            _ => self.env_step(reply, sandbox),
+        }
     }
 
     /// Single agent, planner, reasoner: the reply acts on the real environment.
@@ -301,6 +319,7 @@ impl Episode {
     /// answer, score it on a copy of the state.
     fn tool_step(&mut self, reply: &str, run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
         let mut outcome = blank();
+        self.memory.tool_answer = None;
         let (Some(code), Some(run)) = (extract_program(reply), run) else {
             outcome.parse_error = Some("no program found; put it in a ```python block".into());
             outcome.local_reward = NO_ANSWER;
@@ -340,6 +359,7 @@ impl Episode {
                     (Ok(action), Some(step)) => {
                         outcome.action = Some(action);
                         outcome.local_reward = step.reward;
+                        self.memory.tool_answer = Some(run.stdout.trim().to_string());
                     }
                     (Err(error), _) => {
                         outcome.parse_error = Some(format!("the program's output holds no answer: {error}"));

@@ -3,6 +3,7 @@
 //! the task and its current state, what the other agent did, a short history, and the
 //! exact answer format.
 
+use super::ADOPT_TOOL_ANSWER;
 use crate::envs::AnyEnv;
 
 /// What a tool agent's program finds predefined, per environment.
@@ -84,7 +85,8 @@ pub fn planner(env: &AnyEnv, tool: Option<&str>, history: &[String]) -> String {
     let tool = tool.map(|t| format!("\n\n{t}")).unwrap_or_default();
     format!(
         "You are the planner of a team of two. Read the task and the tool agent's program and output, then decide: \
-         adopt its answer if it is right, or write your own.\n\n{}{}{}{}\n\n{}",
+         adopt its answer if it is right, or write your own.\n\n{}{}{}{}\n\n{}\nTo adopt the tool agent's answer \
+         as it is, end your reply with: #### {ADOPT_TOOL_ANSWER}",
         env.rules(),
         state(env),
         tool,

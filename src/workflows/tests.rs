@@ -50,9 +50,12 @@ fn tool_and_planner_play_plan_path_to_the_goal() {
         "{prompt}"
     );
     assert!(!prompt.contains("So far"), "the tool's turn is shown in full, not repeated as history: {prompt}");
-    assert!(prompt.ends_with("End your reply with the moves after ####, for example: #### RRDL"), "{prompt}");
+    assert!(prompt.contains("End your reply with the moves after ####, for example: #### RRDL"), "{prompt}");
+    assert!(prompt.ends_with("end your reply with: #### tool"), "{prompt}");
 
-    let planner = episode.step("The tool is right.\n#### RR", &sb);
+    // `#### tool` adopts the tool's answer, RR.
+    let planner = episode.step("The tool is right.\n#### tool", &sb);
+    assert_eq!(planner.action.as_deref(), Some(r#"["R","R"]"#));
     assert!(close(planner.local_reward, 3.49));
     assert_eq!((planner.team_reward, planner.done, planner.success), (1.0, true, true));
     assert_eq!(episode.next_agent(), None);
