@@ -26,18 +26,10 @@
 //! BPE: the instructions cost a few tokens, and compute goes to the grid.
 //!
 //! Measured on the corpus of `pipelines/plan-path.yaml` (640 train tasks, 25,000
-//! demonstrations; 3.4 s to train, 909 tokens of a 1,024 budget), prompts rendered with
-//! the ChatML template and a generation prompt (`prepare_data`'s ignored test
-//! `measure_prompt_tokens_of_the_embedded_default` prints them):
-//!
-//! | prompt | tokens | characters |
-//! |---|---|---|
-//! | tool agent | 225 (every task) | 1,122 |
-//! | planner | 245 mean, 352 max | 906 mean |
-//! | responses | at most 43 | |
-//!
-//! A 10×10 grid alone is 110 tokens (cells and newlines); the planner's extra length is
-//! the tool's output and the history line, which repeat the moves.
+//! demonstrations), prompts rendered with the ChatML template and a generation prompt:
+//! the tool agent's prompt is 157 tokens for every task (225 before line tokens), the
+//! planner's about 195 (in the rollouts of a run). A 10×10 grid alone is 110 tokens
+//! (cells and newlines); the planner's extra length is the tool's program and output.
 //!
 //! Training is deterministic: the same corpus gives a byte-identical `tokenizer.json`
 //! (the BPE trainer breaks count ties by token ids, its alphabet is sorted, and JSON
