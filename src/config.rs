@@ -1014,12 +1014,12 @@ impl RunConfig {
         e.sampling.validate("evaluation.sampling")
     }
 
-    /// The run's name: `name`, or the last segment of the store URL.
     /// The first iteration the run trains: 0, or the iteration it was forked from.
     pub fn first_iteration(&self) -> u32 {
         self.fork.as_ref().map_or(0, |f| f.iteration)
     }
 
+    /// The run's name: `name`, or the last segment of the store URL.
     pub fn run_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| {
             let trimmed = self.store.trim_end_matches('/');

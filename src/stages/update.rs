@@ -515,11 +515,7 @@ fn plan(
     let by_id = check_turns(&current, rollout, turns, iteration)?;
     let mut sequences: HashMap<&str, Vec<Sequence>> = HashMap::new();
     for sample in samples {
-        let expected = current.get(sample.policy.as_str()).ok_or_else(|| Error::UnknownPolicy {
-            table: Table::Samples,
-            candidate_id: sample.candidate_id.clone(),
-            policy: sample.policy.clone(),
-        })?;
+        let expected = current_version(&current, Table::Samples, &sample.candidate_id, &sample.policy)?;
         check_version(
             Table::Samples,
             &sample.candidate_id,
@@ -566,6 +562,20 @@ fn check_rollout_weights(rollout: &[StoredMarker], latest: &PolicyRef, iteration
     Ok(())
 }
 
+/// The latest version of the policy a row of `table` names; one of the run's policies.
+fn current_version<'c>(
+    current: &'c HashMap<&str, PolicyRef>,
+    table: Table,
+    candidate_id: &str,
+    policy: &str,
+) -> Result<&'c PolicyRef, Error> {
+    current.get(policy).ok_or_else(|| Error::UnknownPolicy {
+        table,
+        candidate_id: candidate_id.to_string(),
+        policy: policy.to_string(),
+    })
+}
+
 /// Every turns row: a known policy the rollout recorded, sampled by its latest version.
 fn check_turns<'t>(
     current: &HashMap<&str, PolicyRef>,
@@ -577,11 +587,7 @@ fn check_turns<'t>(
         rollout.iter().flat_map(|m| &m.marker.policies_used).map(|p| p.policy.as_str()).collect();
     let mut by_id = HashMap::with_capacity(turns.len());
     for turn in turns {
-        let expected = current.get(turn.policy.as_str()).ok_or_else(|| Error::UnknownPolicy {
-            table: Table::Turns,
-            candidate_id: turn.candidate_id.clone(),
-            policy: turn.policy.clone(),
-        })?;
+        let expected = current_version(current, Table::Turns, &turn.candidate_id, &turn.policy)?;
         if !recorded.contains(turn.policy.as_str()) {
             return Err(Error::UnrecordedPolicy { policy: turn.policy.clone(), iteration });
         }

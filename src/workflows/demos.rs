@@ -8,8 +8,8 @@
 //! | env | tool agent program | planner / player |
 //! |---|---|---|
 //! | Plan-Path | `bfs` / `greedy` / `random_walk` / broken, shares from `env.demonstrations` (default 15/45/30/10) | adopts the tool's answer (`#### tool`) with `planner_copies_tool` (0.45), else its own path: BFS 30%, a corrupted BFS path 70% (one move inserted, truncated, one move replaced, or a random walk, as in the prototype) |
-//! | Sudoku | `solve` 15%, `first_fit` 45%, prints the grid unchanged 30%, broken 10% | copies 45%, else the solution 30% or `first_fit`'s grid 70% |
-//! | Sokoban | `solve` 30%, prints a guessed move string 60%, broken 10% | copies 45%, else the solution 30% or random moves 70% |
+//! | Sudoku | `solve` 15%, `first_fit` 45%, prints the grid unchanged 30%, broken 10% | adopts 45%, else the solution 30% or `first_fit`'s grid 70% |
+//! | Sokoban | `solve` 30%, prints a guessed move string 60%, broken 10% | adopts 45%, else the solution 30% or random moves 70% |
 //! | Tic-tac-toe | — | each player: the minimax move 30%, the first free cell 70% |
 //!
 //! Broken programs either swap arguments (a valid but wrong output) or fail (the

@@ -269,13 +269,11 @@ impl Episode {
     /// agent's printed answer.
     fn planner_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         let adopts = reply.rsplit_once("####").is_some_and(|(_, answer)| answer.trim() == ADOPT_TOOL_ANSWER);
-        match (&self.memory.tool_answer, adopts) {
-            (Some(tool), true) => {
-                let reply = format!("#### {tool}");
-                self.env_step(&reply, sandbox)
-            }
-            _ => self.env_step(reply, sandbox),
-        }
+        let reply = match &self.memory.tool_answer {
+            Some(tool) if adopts => format!("#### {tool}"),
+            _ => reply.to_string(),
+        };
+        self.env_step(&reply, sandbox)
     }
 
     /// Single agent, planner, reasoner: the reply acts on the real environment.
