@@ -189,7 +189,7 @@ impl ModelConfig {
             ));
         }
         let head_dim = hf.head_dim.unwrap_or(hidden_size / num_attention_heads);
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {head_dim} must be even for rotary embeddings"));
         }
         if let Some(act) = hf.hidden_act.as_deref()

@@ -222,7 +222,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn dequantize(ggml_type: u32, data: &[u8], numel: usize) -> Result<Vec<f32>, String> {
     let (block, block_bytes) =
         block_size(ggml_type).ok_or_else(|| format!("ggml type {ggml_type} is not supported"))?;
-    if numel % block != 0 {
+    if !numel.is_multiple_of(block) {
         return Err(format!("{numel} values are not whole blocks of {block}"));
     }
     if data.len() < numel / block * block_bytes {

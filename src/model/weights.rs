@@ -215,8 +215,11 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
     std::fs::rename(&tmp, path).map_err(|source| Error::io(path, source))
 }
 
-/// The header of a safetensors file: (metadata, tensor name → (dtype, shape)), for checks.
-pub fn read_header(path: &Path) -> Result<(HashMap<String, String>, BTreeMap<String, (String, Vec<usize>)>), Error> {
+/// Tensor name → (dtype, shape), as a safetensors header lists them.
+pub type TensorShapes = BTreeMap<String, (String, Vec<usize>)>;
+
+/// The header of a safetensors file: its metadata and tensor shapes, for checks.
+pub fn read_header(path: &Path) -> Result<(HashMap<String, String>, TensorShapes), Error> {
     use std::io::Read;
     // Only the header: 8 bytes of length, then that much JSON.
     let mut file = std::fs::File::open(path).map_err(|source| Error::io(path, source))?;
