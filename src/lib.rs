@@ -6,8 +6,10 @@
 pub mod algo;
 pub mod config;
 pub mod envs;
+pub mod inspect;
 pub mod model;
 pub mod pipeline;
+pub mod progress;
 pub mod sandbox;
 pub mod schema;
 pub mod sql;

@@ -14,6 +14,7 @@
 //! from K on: its run-level update commits the source's version K of every policy.
 
 use crate::config::RunConfig;
+use crate::progress::Progress;
 use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, rollout, update};
 use crate::store::{self, CommitMarker, RunStore, Stage, StageId};
 
@@ -42,16 +43,21 @@ fn evaluates(config: &RunConfig, k: u32) -> bool {
     (k == first && config.evaluation.at_start) || (k > first && every > 0 && k.is_multiple_of(every))
 }
 
-/// Runs one stage.
-pub async fn run_stage(store: &RunStore, config: &RunConfig, id: StageId) -> Result<CommitMarker, Error> {
+/// Runs one stage, reporting how far its long phases are to `progress`.
+pub async fn run_stage(
+    store: &RunStore,
+    config: &RunConfig,
+    id: StageId,
+    progress: &dyn Progress,
+) -> Result<CommitMarker, Error> {
     match (id.stage, id.iteration) {
         (Stage::PrepareData, _) => Ok(prepare_data::run(store, config).await?.marker),
-        (Stage::Update, None) => update::initialise(store, config).await.map_err(|e| Box::new(e).into()),
-        (Stage::Rollout, Some(k)) => rollout::run(store, config, k, id.shard).await,
+        (Stage::Update, None) => update::initialise(store, config, progress).await.map_err(|e| Box::new(e).into()),
+        (Stage::Rollout, Some(k)) => rollout::run(store, config, k, id.shard, progress).await,
         (Stage::Group, Some(k)) => group::run(store, config, k).await,
         (Stage::Advantage, Some(k)) => advantage::run(store, config, k).await,
-        (Stage::Update, Some(k)) => update::run(store, config, k).await.map_err(|e| Box::new(e).into()),
-        (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k).await,
+        (Stage::Update, Some(k)) => update::run(store, config, k, progress).await.map_err(|e| Box::new(e).into()),
+        (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, progress).await,
         (stage, None) => unreachable!("{stage} runs per iteration"),
     }
 }

@@ -125,6 +125,8 @@ fn commit_rows(markers: &[StoredMarker]) -> Vec<CommitRow> {
                 started_at: c.started_at.timestamp_micros(),
                 finished_at: c.finished_at.timestamp_micros(),
                 seconds: c.seconds(),
+                model_seconds: c.model_seconds,
+                sandbox_seconds: c.sandbox_seconds,
             }
         })
         .collect()

@@ -202,6 +202,8 @@ pub struct CommitRow {
     pub started_at: i64,
     pub finished_at: i64,
     pub seconds: f64,
+    pub model_seconds: f64,
+    pub sandbox_seconds: f64,
 }
 impl Row for CommitRow {
     const TABLE: Table = Table::Commits;

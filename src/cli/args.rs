@@ -27,6 +27,9 @@ pub enum Command {
     Sql(SqlArgs),
     /// Show which stages of a run are committed, per iteration.
     Status(RunArgs),
+    /// Show one task's sampling tree: every candidate per turn and agent, with rewards,
+    /// advantages, the selected branch, responses and feedback.
+    Show(ShowArgs),
     /// Delete files of a run that no commit marker names (crashed or losing attempts).
     Gc(GcArgs),
     /// Check every committed file of a run against the size and sha256 its marker records.
@@ -294,4 +297,19 @@ mod tests {
         use clap::CommandFactory;
         Cli::command().debug_assert();
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
+    pub run: String,
+    /// The iteration whose rollout to show.
+    #[arg(long)]
+    pub iteration: u32,
+    /// The task id (`petting sql RUN "select distinct task_id from turns where iteration = K"`).
+    #[arg(long)]
+    pub task: String,
+    /// Whole prompts, responses and feedback instead of their first characters.
+    #[arg(long)]
+    pub full: bool,
 }

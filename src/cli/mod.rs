@@ -5,7 +5,9 @@ mod config;
 mod gc;
 mod model;
 mod pipeline;
+mod progress;
 mod schema;
+mod show;
 mod sql;
 mod stage;
 mod status;
@@ -53,6 +55,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Config(ConfigCommand::Show { config }) => config::show(&config),
         Command::Sql(args) => sql::run(args).await,
         Command::Status(args) => status::run(&args.run).await,
+        Command::Show(args) => show::run(args).await,
         Command::Gc(args) => gc::run(args).await,
         Command::Verify(args) => gc::verify(&args.run).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),

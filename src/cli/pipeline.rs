@@ -47,13 +47,15 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
         println!("resuming: {} of {total} stages already committed", total - pending.len());
     }
     let started = Instant::now();
+    let progress = super::progress::for_stderr();
     for id in pending {
         if args.until.as_deref() == Some(&stop_name(id)) {
             println!("stopping before {id} (--until)");
             return Ok(());
         }
         let stage_started = Instant::now();
-        let marker = pipeline::run_stage(&store, config, id).await.with_context(|| format!("{id} failed"))?;
+        let marker =
+            pipeline::run_stage(&store, config, id, &*progress).await.with_context(|| format!("{id} failed"))?;
         println!(
             "{id}: {} rows, {:.1} s (total {:.0} s)",
             marker.rows(),
@@ -140,12 +142,20 @@ async fn final_line(store: &RunStore) -> anyhow::Result<String> {
     let sql = RunSql::open(store).await?;
     let curve = scalar(
         &sql,
-        "select string_agg('v' || iteration || ' ' || round(s * 100, 1) || '%', ', ' order by iteration) from \
-         (select iteration, avg(case when success then 1.0 else 0.0 end) as s from evals \
-          where mode = 'multi_agent' group by iteration)",
+        "select string_agg(mode || ': ' || curve, '; ' order by mode) from \
+         (select mode, string_agg('v' || iteration || ' ' || round(s * 100, 1) || '%', ', ' order by iteration) as curve \
+          from (select mode, iteration, avg(case when success then 1.0 else 0.0 end) as s from evals \
+                group by mode, iteration) group by mode)",
     )
     .await?;
-    Ok(format!("held-out success (multi_agent): {curve}"))
+    let time = scalar(
+        &sql,
+        "select round(sum(seconds)) || ' s in stages: model ' || round(100 * sum(model_seconds) / sum(seconds), 1) \
+         || '%, sandbox ' || round(100 * sum(sandbox_seconds) / sum(seconds), 1) || '%, the rest ' \
+         || round(100 * (1 - sum(model_seconds + sandbox_seconds) / sum(seconds)), 1) || '%' from commits",
+    )
+    .await?;
+    Ok(format!("held-out success: {curve}\n{time}"))
 }
 
 /// The first cell of a one-row query, as text ("" when there is none).

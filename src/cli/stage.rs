@@ -9,6 +9,7 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
     let config = stages::run_config(&store).await?;
     let iteration = || args.iteration.context("this stage runs per iteration: give --iteration K");
+    let progress = &*super::progress::for_stderr();
     let marker = match args.stage {
         StageName::PrepareData => {
             let prepared = prepare_data::run(&store, &config).await?;
@@ -21,16 +22,18 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
             );
             prepared.marker
         }
-        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE).await?,
+        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress).await?,
         StageName::Rollout => {
             let mut id = StageId::at(Stage::Rollout, iteration()?);
             id.shard = args.shard;
-            run_stage(&store, &config, id).await?
+            run_stage(&store, &config, id, progress).await?
         }
-        StageName::Group => run_stage(&store, &config, StageId::at(Stage::Group, iteration()?)).await?,
-        StageName::Advantage => run_stage(&store, &config, StageId::at(Stage::Advantage, iteration()?)).await?,
-        StageName::Update => run_stage(&store, &config, StageId::at(Stage::Update, iteration()?)).await?,
-        StageName::Evaluate => run_stage(&store, &config, StageId::at(Stage::Evaluate, iteration()?)).await?,
+        StageName::Group => run_stage(&store, &config, StageId::at(Stage::Group, iteration()?), progress).await?,
+        StageName::Advantage => {
+            run_stage(&store, &config, StageId::at(Stage::Advantage, iteration()?), progress).await?
+        }
+        StageName::Update => run_stage(&store, &config, StageId::at(Stage::Update, iteration()?), progress).await?,
+        StageName::Evaluate => run_stage(&store, &config, StageId::at(Stage::Evaluate, iteration()?), progress).await?,
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",

@@ -11,12 +11,13 @@ use std::time::Instant;
 
 use crate::config::{EvalMode, RolloutMode, RunConfig, Selection, WorkflowKind};
 use crate::model::GenerationSettings;
+use crate::progress::Progress;
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, RunStore, Split, Stage, StageId};
 use crate::tables::EvalRow;
 
 use super::checkpoints::{self, LoadedPolicy};
-use super::play::{self, Plan};
+use super::play::{self, Plan, Played};
 use super::responder::ModelResponder;
 use super::rollout::{agent_policies, games, policy_refs};
 use super::{Error, tasks};
@@ -24,7 +25,12 @@ use super::{Error, tasks};
 /// Stage key of evaluation seeds.
 const EVALUATE: u64 = 0xE7A1;
 
-pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<CommitMarker, Error> {
+pub async fn run(
+    store: &RunStore,
+    config: &RunConfig,
+    iteration: u32,
+    progress: &dyn Progress,
+) -> Result<CommitMarker, Error> {
     let stage = StageId::at(Stage::Evaluate, iteration);
     super::refuse_if_committed(store, stage).await?;
     let writer = store.begin(stage);
@@ -37,14 +43,21 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     }
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let mut rows = Vec::new();
+    let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     for (mode_index, &mode) in config.evaluation.modes.iter().enumerate() {
         let plan = plan(config, mode, iteration, mode_index as u64);
         let started = Instant::now();
-        let (_, finished) = tokio::task::block_in_place(|| {
+        let label = format!("{stage} {}", mode_name(mode));
+        progress.start(&label, games.len() as u64 * plan.episodes_per_task() as u64, "episodes");
+        let played = tokio::task::block_in_place(|| {
             let settings = GenerationSettings::from_config(&config.evaluation.sampling);
             let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
-            play::play(&games, &plan, &mut responder, &sandbox)
-        })?;
+            play::play(&games, &plan, &mut responder, &sandbox, progress)
+        });
+        progress.finish();
+        let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } = played?;
+        model_seconds += model;
+        sandbox_seconds += sandboxed;
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
         let policies = describe(&plan.policies, &loaded);
         rows.extend(finished.iter().map(|f| EvalRow {
@@ -63,6 +76,8 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
         policies_used: policy_refs(&loaded),
+        model_seconds,
+        sandbox_seconds,
         ..super::run_info(config)
     };
     super::commit_rows(writer, &rows, info).await

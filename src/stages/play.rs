@@ -15,10 +15,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::config::{RolloutMode, Selection, WorkflowKind};
 use crate::envs::AnyEnv;
 use crate::envs::rng::stream;
+use crate::progress::Progress;
 use crate::sandbox::{Program, RunOutput, Sandbox, Status};
 use crate::workflows::{Episode, TurnOutcome};
 
@@ -87,6 +89,18 @@ pub struct Candidate {
     pub outcome: TurnOutcome,
 }
 
+/// Everything a [`play`] produced, and where its time went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Played {
+    /// In (step, task, episode, branch) order.
+    pub candidates: Vec<Candidate>,
+    pub finished: Vec<Finished>,
+    /// Wall time spent waiting for the responder (the model).
+    pub model_seconds: f64,
+    /// Wall time spent running tool programs.
+    pub sandbox_seconds: f64,
+}
+
 /// How one episode ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
@@ -128,21 +142,28 @@ struct Track {
     tokens: u64,
 }
 
-/// Plays every game to the end; returns the candidates in (step, task, episode, branch)
-/// order and how each episode ended.
+impl Plan {
+    /// Episodes played per task: one tree, or K independent ones.
+    pub fn episodes_per_task(&self) -> u32 {
+        match self.mode {
+            RolloutMode::Tree => 1,
+            RolloutMode::Independent => self.k,
+        }
+    }
+}
+
+/// Plays every game to the end, reporting finished episodes and sampled tokens to
+/// `progress` after each step.
 pub fn play(
     games: &[Game],
     plan: &Plan,
     responder: &mut dyn Responder,
     sandbox: &Sandbox,
-) -> Result<(Vec<Candidate>, Vec<Finished>), Error> {
-    let episodes_per_task = match plan.mode {
-        RolloutMode::Tree => 1,
-        RolloutMode::Independent => plan.k,
-    };
+    progress: &dyn Progress,
+) -> Result<Played, Error> {
     let mut tracks = Vec::new();
     for (task_index, game) in games.iter().enumerate() {
-        for episode_index in 0..episodes_per_task {
+        for episode_index in 0..plan.episodes_per_task() {
             let episode = Episode::new(plan.workflow, game.env.clone(), plan.max_turns)?;
             tracks.push(Track { task_index, episode_index, episode, next_node: 0, parent: None, tokens: 0 });
         }
@@ -152,13 +173,18 @@ pub fn play(
         RolloutMode::Independent => 1,
     };
     let mut candidates = Vec::new();
+    let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
     loop {
         let live: Vec<usize> = (0..tracks.len()).filter(|&i| !tracks[i].episode.is_done()).collect();
         if live.is_empty() {
             break;
         }
+        let started = Instant::now();
         let step = sample_step(games, plan, &tracks, &live, branches, responder)?;
-        let stepped = step_branches(&tracks, &live, &step, sandbox);
+        model += started.elapsed();
+        let (stepped, sandbox_time) = step_branches(&tracks, &live, &step, sandbox);
+        sandboxed += sandbox_time;
+        let tokens: usize = step.replies.iter().map(|(_, r)| r.tokens.len()).sum();
         for (slot, &t) in live.iter().enumerate() {
             let track = &mut tracks[t];
             let first = slot * branches as usize;
@@ -189,6 +215,8 @@ pub fn play(
             track.parent = Some(node_base + best as u32);
             track.episode = stepped[first + best].0.clone();
         }
+        let ended = live.iter().filter(|&&t| tracks[t].episode.is_done()).count();
+        progress.advance(ended as u64, tokens as u64);
     }
     let finished = tracks
         .iter()
@@ -201,7 +229,7 @@ pub fn play(
             tokens: t.tokens,
         })
         .collect();
-    Ok((candidates, finished))
+    Ok(Played { candidates, finished, model_seconds: model.as_secs_f64(), sandbox_seconds: sandboxed.as_secs_f64() })
 }
 
 /// The replies of one step: `branches` per live track, in track order.
@@ -257,13 +285,14 @@ fn sample_step(
 }
 
 /// Steps one clone of its track's episode per reply. Tool programs are run first, each
-/// distinct program once (the K branches of a step often write the same one), in parallel.
+/// distinct program once (the K branches of a step often write the same one), in
+/// parallel; the wall time they took comes back with the outcomes.
 fn step_branches(
     tracks: &[Track],
     live: &[usize],
     step: &SampledStep,
     sandbox: &Sandbox,
-) -> Vec<(Episode, TurnOutcome)> {
+) -> (Vec<(Episode, TurnOutcome)>, Duration) {
     let branches = step.replies.len() / live.len();
     let live: Vec<&Track> = live.iter().map(|&t| &tracks[t]).collect();
     let programs: Vec<Option<Program>> = step
@@ -278,18 +307,21 @@ fn step_branches(
             distinct.push(program);
         }
     }
+    let started = Instant::now();
     let outputs = run_all(&distinct, sandbox);
+    let sandbox_time = started.elapsed();
     let output_of = |program: &Program| {
         let i = distinct.iter().position(|p| same_program(p, program)).expect("distinct");
         outputs[i].clone()
     };
     let jobs: Vec<(usize, Option<RunOutput>)> =
         programs.iter().enumerate().map(|(i, p)| (i, p.as_ref().map(output_of))).collect();
-    parallel_map(jobs, |(i, run)| {
+    let stepped = parallel_map(jobs, |(i, run)| {
         let mut episode = live[i / branches].episode.clone();
         let outcome = episode.step_with(&step.replies[i].1.text, run, sandbox);
         (episode, outcome)
-    })
+    });
+    (stepped, sandbox_time)
 }
 
 fn same_program(a: &Program, b: &Program) -> bool {
@@ -352,6 +384,7 @@ mod tests {
     use super::*;
     use crate::config::PlanPathConfig;
     use crate::envs::PlanPath;
+    use crate::progress::Quiet;
     use crate::sandbox::SandboxConfig;
 
     /// Tool agents cycle through greedy, bfs and no program by branch; planners copy the
@@ -413,7 +446,8 @@ mod tests {
     #[test]
     fn tree_sampling_branches_k_ways_and_continues_the_best() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
-        let (candidates, finished) = play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox).unwrap();
+        let Played { candidates, finished, .. } =
+            play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(candidates.len(), 2 * (3 + 3));
         for group in candidates.chunks(3) {
             assert!(
@@ -437,14 +471,40 @@ mod tests {
             assert!(children.iter().all(|c| c.reply.prompt_text.contains("print(bfs(grid, S, G))")));
         }
         assert!(finished.iter().all(|f| f.success && f.turns == 1), "{finished:?}");
-        let again = play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox).unwrap();
-        assert_eq!(again.0, candidates);
+        let again = play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+        assert_eq!(again.candidates, candidates);
+    }
+
+    /// Sums what it is told.
+    #[derive(Default)]
+    struct Tally(Mutex<(u64, u64, u32)>);
+
+    impl Progress for Tally {
+        fn start(&self, _label: &str, _total: u64, _unit: &'static str) {}
+        fn advance(&self, units: u64, tokens: u64) {
+            let mut t = self.0.lock().unwrap();
+            *t = (t.0 + units, t.1 + tokens, t.2 + 1);
+        }
+        fn finish(&self) {}
+    }
+
+    #[test]
+    fn progress_counts_every_episode_and_sampled_token_once_per_step() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let tally = Tally::default();
+        let played = play(&games(), &plan(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
+        let (episodes, tokens, steps) = *tally.0.lock().unwrap();
+        assert_eq!(episodes, played.finished.len() as u64);
+        assert_eq!(tokens, played.candidates.iter().map(|c| c.reply.tokens.len() as u64).sum::<u64>());
+        assert_eq!(steps, 2, "a tool step, then a planner step");
+        assert!(played.sandbox_seconds > 0.0, "the tool programs ran in the sandbox");
     }
 
     #[test]
     fn independent_mode_plays_k_separate_episodes() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
-        let (candidates, finished) = play(&games(), &plan(RolloutMode::Independent), &mut Scripted, &sandbox).unwrap();
+        let Played { candidates, finished, .. } =
+            play(&games(), &plan(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(finished.len(), 2 * 3);
         assert_eq!(candidates.len(), 2 * 3 * 2);
         assert!(candidates.iter().all(|c| c.selected && c.branch == 0));

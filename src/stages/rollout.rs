@@ -13,6 +13,7 @@ use crate::config::RunConfig;
 use crate::envs::AnyEnv;
 use crate::envs::rng::{SplitMix64, stream};
 use crate::model::GenerationSettings;
+use crate::progress::Progress;
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, PolicyRef, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::{TaskRow, TurnRow};
@@ -31,6 +32,7 @@ pub async fn run(
     config: &RunConfig,
     iteration: u32,
     shard: Option<Shard>,
+    progress: &dyn Progress,
 ) -> Result<CommitMarker, Error> {
     let stage = match shard {
         Some(s) => StageId::at(Stage::Rollout, iteration).with_shard(s.index, s.count),
@@ -45,14 +47,19 @@ pub async fn run(
     let games = games(config, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let settings = GenerationSettings::from_config(&config.rollout.sampling);
-    let (candidates, _) = tokio::task::block_in_place(|| {
+    progress.start(&stage.to_string(), games.len() as u64 * plan.episodes_per_task() as u64, "episodes");
+    let played = tokio::task::block_in_place(|| {
         let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
-        play::play(&games, &plan, &mut responder, &sandbox)
-    })?;
-    let rows = turn_rows(config, &batch, &candidates, &loaded);
+        play::play(&games, &plan, &mut responder, &sandbox, progress)
+    });
+    progress.finish();
+    let played = played?;
+    let rows = turn_rows(config, &batch, &played.candidates, &loaded);
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
         policies_used: policy_refs(&loaded),
+        model_seconds: played.model_seconds,
+        sandbox_seconds: played.sandbox_seconds,
         ..super::run_info(config)
     };
     super::commit_rows(writer, &rows, info).await

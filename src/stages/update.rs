@@ -48,6 +48,7 @@ use crate::config::{
 };
 use crate::envs::rng::{SplitMix64, stream};
 use crate::model::{self, LoadOptions, ModelConfig, Policy, ScoreRequest};
+use crate::progress::Progress;
 use crate::schema::Table;
 use crate::store::{
     self, CommitInfo, CommitMarker, InputRef, Partition, PolicyRef, RunStore, Stage, StageId, StoredMarker,
@@ -165,7 +166,7 @@ fn load_options(policy: &PolicyConfig) -> LoadOptions {
 
 /// Commits v0 of every policy (`_commits/update.json`), or for a fork of iteration K
 /// the source run's version K.
-pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMarker, Error> {
+pub async fn initialise(store: &RunStore, config: &RunConfig, progress: &dyn Progress) -> Result<CommitMarker, Error> {
     let stage = StageId::run_level(Stage::Update);
     if store.marker(&stage).await?.is_some() {
         return Err(store::Error::AlreadyCommitted { url: store.url().to_string(), stage }.into());
@@ -177,6 +178,7 @@ pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMa
     let mut writer = store.begin(stage);
     let mut saved = Vec::new();
     let mut rows = Vec::new();
+    let mut model_seconds = 0.0;
     for (name, policy_config) in &config.policies {
         let checkpoint = match (policy_config.init, &policy_config.lora) {
             (ModelInit::Pretrained, None) => {
@@ -212,7 +214,12 @@ pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMa
                     let examples = sft_examples(&policy, config, name, &demos)?;
                     let seed = stream(&[config.seed, SFT_KEY, name_key(name)]);
                     let settings = SftSettings { warm, grad_clip: config.update.grad_clip, seed };
-                    rows.extend(train_sft(&mut policy, name, &examples, &settings, &config.update)?);
+                    let started = Instant::now();
+                    progress.start(&format!("warm start {name}"), u64::from(warm.steps), "steps");
+                    let trained = train_sft(&mut policy, name, &examples, &settings, &config.update, progress);
+                    progress.finish();
+                    rows.extend(trained?);
+                    model_seconds += started.elapsed().as_secs_f64();
                 }
                 let loaded =
                     LoadedPolicy { name: name.clone(), version: 0, weights_sha256: String::new(), policy, base: None };
@@ -229,6 +236,7 @@ pub async fn initialise(store: &RunStore, config: &RunConfig) -> Result<CommitMa
     let info = CommitInfo {
         inputs: prepared.iter().map(StoredMarker::input_ref).collect(),
         checkpoints: saved,
+        model_seconds,
         ..super::run_info(config)
     };
     Ok(writer.finish().commit(info).await?)
@@ -348,6 +356,7 @@ fn train_sft(
     examples: &[Example],
     settings: &SftSettings,
     update: &crate::config::UpdateConfig,
+    progress: &dyn Progress,
 ) -> Result<Vec<UpdateRow>, Error> {
     let warm = settings.warm;
     let (steps, batch) = (warm.steps as usize, warm.batch_size as usize);
@@ -402,6 +411,7 @@ fn train_sft(
             learning_rate: lr,
             seconds: start.elapsed().as_secs_f64(),
         });
+        progress.advance(1, tokens as u64);
     }
     Ok(rows)
 }
@@ -429,7 +439,12 @@ struct PolicyPlan {
 
 /// Trains every policy of the run on its own samples of iteration `iteration` and
 /// commits v(iteration+1) of each, with the `updates` table, in one marker.
-pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<CommitMarker, Error> {
+pub async fn run(
+    store: &RunStore,
+    config: &RunConfig,
+    iteration: u32,
+    progress: &dyn Progress,
+) -> Result<CommitMarker, Error> {
     let stage = StageId::at(Stage::Update, iteration);
     let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
     let advantage = inputs(store, stage, Stage::Advantage, iteration).await?;
@@ -457,18 +472,25 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     }
     let mut writer = store.begin(stage);
     let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
+    let mut model_seconds = 0.0;
     for (plan, fetched) in plans.into_iter().zip(fetched) {
         let mut loaded = checkpoints::open(config, fetched)?;
         let settings = PpoSettings::new(config, &plan.name, iteration);
         let adapter = loaded.adapter().map(str::to_owned);
-        rows.extend(train_ppo(&mut loaded.policy, adapter.as_deref(), &plan, &settings)?);
+        let started = Instant::now();
+        progress.start(&format!("{stage} {}", plan.name), settings.steps(plan.sequences.len()), "steps");
+        let trained = train_ppo(&mut loaded.policy, adapter.as_deref(), &plan, &settings, progress);
+        progress.finish();
+        rows.extend(trained?);
+        model_seconds += started.elapsed().as_secs_f64();
         saved.push(checkpoints::save(&mut writer, &loaded, iteration + 1).await?);
         used.push(plan.current);
     }
     if !rows.is_empty() {
         writer.write_table(Table::Updates, Partition::Iteration(iteration), &[tables::to_batch(&rows)?]).await?;
     }
-    let info = CommitInfo { inputs: read, policies_used: used, checkpoints: saved, ..super::run_info(config) };
+    let info =
+        CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
     Ok(writer.finish().commit(info).await?)
 }
 
@@ -692,6 +714,11 @@ impl PpoSettings {
             seed: stream(&[config.seed, PPO_KEY, u64::from(iteration), name_key(name)]),
         }
     }
+
+    /// Optimiser steps over `sequences` samples: every epoch in mini-batches.
+    fn steps(&self, sequences: usize) -> u64 {
+        sequences.div_ceil(self.mini_batch) as u64 * u64::from(self.epochs)
+    }
 }
 
 /// Recomputes the logprobs (drift check), then runs the PPO-clip steps; one row per step.
@@ -700,6 +727,7 @@ fn train_ppo(
     adapter: Option<&str>,
     plan: &PolicyPlan,
     settings: &PpoSettings,
+    progress: &dyn Progress,
 ) -> Result<Vec<UpdateRow>, Error> {
     let sequences = &plan.sequences;
     if sequences.is_empty() {
@@ -730,8 +758,7 @@ fn train_ppo(
         });
     }
     let (mut optimizer, variables) = optimizer(policy, adapter, &settings.optimizer)?;
-    let per_epoch = sequences.len().div_ceil(settings.mini_batch) as u64;
-    let steps_per_iteration = per_epoch * u64::from(settings.epochs);
+    let steps_per_iteration = settings.steps(sequences.len());
     let device = policy.device();
     let mut rows = Vec::new();
     for epoch in 0..settings.epochs {
@@ -762,6 +789,7 @@ fn train_ppo(
             optimizer.set_lr(lr);
             optimizer.step();
             rows.push(step_row(settings, plan, chunk, &new, &old, &drift, StepFacts { step, grad_norm, lr, start }));
+            progress.advance(1, tokens as u64);
         }
     }
     Ok(rows)

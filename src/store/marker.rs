@@ -33,6 +33,12 @@ pub struct CommitMarker {
     pub code_version: String,
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
+    /// Of the wall time, seconds in model compute (sampling, training steps).
+    #[serde(default)]
+    pub model_seconds: f64,
+    /// Of the wall time, seconds running tool programs in the sandbox.
+    #[serde(default)]
+    pub sandbox_seconds: f64,
 }
 
 /// One file a commit makes visible.

@@ -35,6 +35,8 @@ pub struct CommitInfo {
     pub checkpoints: Vec<CheckpointRef>,
     pub seed: u64,
     pub config_sha256: String,
+    pub model_seconds: f64,
+    pub sandbox_seconds: f64,
 }
 
 /// A finished attempt whose files are all written and closed, ready to be made visible.
@@ -147,6 +149,8 @@ impl PendingCommit<'_> {
             checkpoints: info.checkpoints,
             seed: info.seed,
             config_sha256: info.config_sha256,
+            model_seconds: info.model_seconds,
+            sandbox_seconds: info.sandbox_seconds,
             code_version: crate::CODE_VERSION.to_string(),
             started_at: self.started_at,
             finished_at: Utc::now(),

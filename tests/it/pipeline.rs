@@ -137,11 +137,36 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
          2,multi_agent,4\n2,single_agent,4\n"
     );
 
+    // Model and sandbox time are parts of each stage's wall time.
+    assert!(stdout.contains("s in stages: model "), "{stdout}");
+    assert_eq!(
+        sql(
+            &run_dir,
+            "select count(*) as n from commits where iteration is not null and stage in ('rollout', 'update', 'evaluate') \
+             and (model_seconds <= 0 or sandbox_seconds < 0 or model_seconds + sandbox_seconds > seconds)"
+        ),
+        "n\n0\n"
+    );
+    shows_the_tree_of_a_task(&run_dir);
+
     // Running it again finds everything committed and changes nothing.
     let before = content(&run_dir);
     let again = pipeline(&config);
     assert!(again.contains("resuming"), "{again}");
     assert_eq!(content(&run_dir), before);
+}
+
+/// `petting show` renders both steps of a task: K candidates each, one selected, with advantages.
+fn shows_the_tree_of_a_task(run_dir: &Path) {
+    let task = sql(run_dir, "select min(task_id) as t from turns where iteration = 1");
+    let task = task.lines().nth(1).unwrap();
+    let (ok, stdout, stderr) = run(&["show", run_dir.to_str().unwrap(), "--iteration", "1", "--task", task]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.matches(" · 3 candidates").count(), 2, "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("▶ b")).count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("  A ").count(), 6, "every candidate has its advantage: {stdout}");
+    let (ok, _, stderr) = run(&["show", run_dir.to_str().unwrap(), "--iteration", "1", "--task", "nope"]);
+    assert!(!ok && stderr.contains("has no task \"nope\"; its tasks include"), "{stderr}");
 }
 
 #[test]

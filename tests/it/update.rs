@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use petting::config::{self, RunConfig};
 use petting::model::{ChatMessage, LoadOptions, Policy, ScoreRequest, TemplateOptions};
+use petting::progress::Quiet;
 use petting::schema::Table;
 use petting::stages::checkpoints::{self, LoadedPolicy};
 use petting::stages::{advantage, group, update};
@@ -243,7 +244,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
     let run = new_run("");
-    let v0 = block_on(update::initialise(&run.store, &run.config)).unwrap();
+    let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     assert_eq!(v0.stage_id().marker_path(), "_commits/update.json");
     let versions: Vec<(String, u32)> = v0.checkpoints.iter().map(|c| (c.policy.clone(), c.version)).collect();
     assert_eq!(versions, vec![("plan_p".into(), 0), ("tool_p".into(), 0)]);
@@ -259,7 +260,7 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
     let twin_dir = tempfile::tempdir().unwrap();
     copy_dir(&run.path, twin_dir.path());
 
-    let marker = block_on(update::run(&run.store, &run.config, 0)).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap();
     let used: Vec<(String, u32)> = marker.policies_used.iter().map(|p| (p.policy.clone(), p.version)).collect();
     assert_eq!(used, vec![("plan_p".into(), 0), ("tool_p".into(), 0)]);
     let new: Vec<(String, u32, Option<u32>)> =
@@ -298,12 +299,12 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
             assert_eq!(loaded.adapter().is_some(), policy == "plan_p");
         }
     });
-    let again = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let again = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     assert!(again.to_string().contains("already committed"), "{again}");
 
     // Bit-identical rerun on CPU.
     let twin = RunStore::open(twin_dir.path().to_str().unwrap()).unwrap();
-    let twin_marker = block_on(update::run(&twin, &run.config, 0)).unwrap();
+    let twin_marker = block_on(update::run(&twin, &run.config, 0, &Quiet)).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().map(|c| c.weights_sha256.clone()).collect::<Vec<_>>();
     assert_eq!(sha(&twin_marker), sha(&marker));
 }
@@ -311,9 +312,9 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
 #[test]
 fn update_refuses_a_rollout_sampled_with_other_weights() {
     let run = new_run("");
-    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::WeightsHash));
-    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     assert!(matches!(err, update::Error::WeightsMismatch { .. }), "{err}");
     let message = err.to_string();
     let latest = block_on(checkpoints::latest(&run.store, "tool_p")).unwrap().unwrap();
@@ -326,7 +327,7 @@ fn update_refuses_a_rollout_sampled_with_other_weights() {
 #[test]
 fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
     let run = new_run("");
-    let v0 = block_on(update::initialise(&run.store, &run.config)).unwrap();
+    let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
     // Same size, one byte different: only the sha256 tells.
     let weights = v0
@@ -340,7 +341,7 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
     bytes[last] ^= 0x01;
     std::fs::write(&file, bytes).unwrap();
 
-    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     let message = err.to_string();
     assert!(message.contains(&weights.path) && message.contains("corrupt"), "{message}");
     // Every checkpoint is verified before the first write: not even an orphan.
@@ -350,9 +351,9 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
 #[test]
 fn update_refuses_a_row_of_another_version() {
     let run = new_run("");
-    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowVersion));
-    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     assert!(matches!(err, update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
     assert!(err.to_string().contains(&rows[5].candidate_id), "{err}");
     assert_nothing_committed(&run, 0, None);
@@ -361,9 +362,9 @@ fn update_refuses_a_row_of_another_version() {
 #[test]
 fn update_refuses_a_turns_part_of_another_iteration() {
     let run = new_run("");
-    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::ForeignPart));
-    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     assert!(matches!(err, update::Error::ForeignPart { iteration: 0, .. }), "{err}");
     assert!(err.to_string().contains("turns/iteration=1/"), "{err}");
     assert_nothing_committed(&run, 0, None);
@@ -372,9 +373,9 @@ fn update_refuses_a_turns_part_of_another_iteration() {
 #[test]
 fn update_refuses_logprobs_the_weights_do_not_give() {
     let run = new_run("");
-    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::Logprobs));
-    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     match &err {
         update::Error::Drift { policy, mean, max, .. } => {
             assert_eq!(policy, "tool_p");
@@ -392,7 +393,7 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
     let config = config::parse(&text, Path::new("it.yaml")).unwrap();
     let store =
         RunStore::from_object_store(std::sync::Arc::new(object_store::memory::InMemory::new()), "r", "memory://r");
-    let v0 = block_on(update::initialise(&store, &config)).unwrap();
+    let v0 = block_on(update::initialise(&store, &config, &Quiet)).unwrap();
     let mut direct = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
     let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
@@ -419,12 +420,12 @@ fn update_refuses_without_v0_or_out_of_step() {
         group::run(&run.store, &run.config, 0).await.unwrap();
         advantage::run(&run.store, &run.config, 0).await.unwrap();
     });
-    let err = block_on(update::run(&run.store, &run.config, 0)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
     assert!(matches!(err, update::Error::NoCheckpoint { .. }), "{err}");
     // With v0 but asked for iteration 1: v1 is not the latest.
-    block_on(update::initialise(&run.store, &run.config)).unwrap();
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 1, Tamper::None));
-    let err = block_on(update::run(&run.store, &run.config, 1)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 1, &Quiet)).unwrap_err();
     assert!(matches!(err, update::Error::NotAligned { latest: 0, iteration: 1, .. }), "{err}");
 }
 
@@ -486,7 +487,7 @@ warm_start: {{demonstrations: 4, steps: 25, batch_size: 4, optimizer: {{lr: 0.01
         store.init_config(&text).await.unwrap();
         prepare_data(&store, &demos).await;
     });
-    let marker = block_on(update::initialise(&store, &config)).unwrap();
+    let marker = block_on(update::initialise(&store, &config, &Quiet)).unwrap();
     let rows: Vec<UpdateRow> = block_on(store.read_rows(&[&marker])).unwrap();
     assert_eq!(rows.len(), 25);
     assert!(rows.iter().all(|r| r.mode == "sft" && r.sequences == 4 && r.loss.is_finite()));

@@ -1,0 +1,25 @@
+//! How far a long stage is. Stages report units of work (episodes, optimiser steps) and
+//! the tokens they generated or trained on; the command line draws a bar on a terminal
+//! and prints plain lines otherwise, and tests report nowhere.
+
+/// Receives the progress of one phase of a stage at a time.
+pub trait Progress: Sync {
+    /// A phase of `total` units (`unit` names them, e.g. "episodes") starts.
+    fn start(&self, label: &str, total: u64, unit: &'static str);
+
+    /// `units` more units are done and `tokens` more tokens were processed.
+    fn advance(&self, units: u64, tokens: u64);
+
+    /// The phase is over (also when it ended early).
+    fn finish(&self);
+}
+
+/// Reports nowhere.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn start(&self, _label: &str, _total: u64, _unit: &'static str) {}
+    fn advance(&self, _units: u64, _tokens: u64) {}
+    fn finish(&self) {}
+}
