@@ -758,10 +758,10 @@ impl LoadedConfig {
 
     /// A URL as it is; a local path relative to the config file's folder.
     fn resolve_url(&self, location: &str) -> String {
-        if location.contains("://") || Path::new(location).is_absolute() {
+        if location.contains("://") {
             location.to_string()
         } else {
-            self.resolve(Path::new(location)).to_string_lossy().into_owned()
+            absolute(&self.resolve(Path::new(location))).to_string_lossy().into_owned()
         }
     }
 
@@ -816,7 +816,7 @@ pub fn parse(text: &str, file: &Path) -> Result<RunConfig, Error> {
 }
 
 fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+    crate::store::absolute_path(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 type Invalid = (String, String);
@@ -1188,7 +1188,7 @@ policies:
         };
         let frozen = parse(&loaded.frozen_yaml(), Path::new("run.yaml")).unwrap();
         assert_eq!(frozen.store, "/etc/petting/runs/x");
-        assert_eq!(frozen.policies["shared"].model, Path::new("/etc/petting/../checkpoints/tiny"));
+        assert_eq!(frozen.policies["shared"].model, Path::new("/etc/checkpoints/tiny"));
         assert_eq!(frozen.rollout, loaded.config.rollout);
         assert_eq!(frozen, loaded.resolved());
     }

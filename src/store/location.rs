@@ -1,5 +1,6 @@
 //! Turns a run URL into an object store and the run's root inside it.
 
+use std::path::{Component, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,9 +118,25 @@ fn configure(url: &str, source: object_store::Error) -> Error {
     Error::Configure { url: url.to_string(), source: Box::new(source) }
 }
 
+/// `path` made absolute against the working directory, with `.` and `..` resolved
+/// lexically (object_store refuses `..`, and `pipelines/../runs/x` is a usual path).
+pub fn absolute_path(path: &std::path::Path) -> std::io::Result<PathBuf> {
+    let mut normal = PathBuf::new();
+    for component in std::path::absolute(path)?.components() {
+        match component {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::CurDir => {}
+            other => normal.push(other),
+        }
+    }
+    Ok(normal)
+}
+
 fn local(path: &std::path::Path, url: &str) -> Result<Location> {
     let absolute =
-        std::path::absolute(path).map_err(|e| Error::UnsupportedUrl { url: url.to_string(), reason: e.to_string() })?;
+        absolute_path(path).map_err(|e| Error::UnsupportedUrl { url: url.to_string(), reason: e.to_string() })?;
     let root = Path::from_absolute_path(&absolute).map_err(|e| configure(url, e.into()))?;
     let file_url = Url::from_file_path(&absolute)
         .map_err(|()| Error::UnsupportedUrl { url: url.to_string(), reason: "not an absolute path".into() })?;
@@ -171,6 +188,14 @@ mod tests {
         assert_eq!(location.root.as_ref(), "tmp/petting-runs/a");
         let same = resolve("file:///tmp/petting-runs/a").unwrap();
         assert_eq!(same.root, location.root);
+    }
+
+    #[test]
+    fn parent_folders_in_local_paths_are_resolved() {
+        let location = resolve("/tmp/petting-runs/pipelines/../runs/./a").unwrap();
+        assert_eq!(location.url, "file:///tmp/petting-runs/runs/a");
+        let relative = resolve("pipelines/../runs/a").unwrap();
+        assert_eq!(relative.url, resolve("runs/a").unwrap().url);
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod error;
 mod gc;
 pub mod layout;
 mod location;
+pub use location::absolute_path;
 pub mod marker;
 mod parquet_io;
 pub mod status;

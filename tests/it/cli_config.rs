@@ -127,3 +127,17 @@ fn a_run_freezes_its_resolved_config_and_refuses_a_changed_one() {
     let history = std::fs::read_dir(dir.path().join("run/_config_history")).unwrap().count();
     assert_eq!(history, 1, "the old config is kept");
 }
+
+/// The README's main command: a config in `pipelines/` with `store: ../runs/…`.
+#[test]
+fn a_store_path_that_climbs_out_of_the_config_folder_works() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("pipelines")).unwrap();
+    let path = write(&dir.path().join("pipelines"), "it.yaml", &GOOD.replace("store: run", "store: ../runs/it"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path, "--until", "update"]);
+    assert!(ok, "{stderr}");
+    let store = dir.path().join("runs/it");
+    assert!(stdout.contains(&format!("run file://{} ", store.display())), "{stdout}");
+    let frozen = std::fs::read_to_string(store.join("run.yaml")).unwrap();
+    assert!(frozen.contains(&format!("store: {}\n", store.display())), "{frozen}");
+}
