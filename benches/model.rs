@@ -243,6 +243,7 @@ fn main() {
         "discarded": discarded,
         "peak_rss_mib": peak_rss_mib(),
         "glibc_tunables": std::env::var("GLIBC_TUNABLES").unwrap_or_default(),
+        "debug_assertions": cfg!(debug_assertions),
     });
     println!("{line}");
     if let Some(out) = args.out {

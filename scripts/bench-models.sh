@@ -10,6 +10,8 @@
 #   PY: the python of ../shared/bench/anchors/setup-pyref.sh DIR (TORCH_VERSION=2.11.0);
 #       without it only petting's side runs. Set GLIBC_TUNABLES to compare under the
 #       glibc variant ANCHORS.md describes (it applies to both sides).
+#   PROFILE: the cargo profile petting's side is built with (default bench, i.e. release;
+#       PROFILE=dev reuses the build the tests and the main command use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: scripts/bench-models.sh bench-tiny|bench-small [workload...]}
@@ -23,15 +25,16 @@ export OMP_NUM_THREADS=2 ANCHOR_THREADS=2 TOKENIZERS_PARALLELISM=false
 tag=${GLIBC_TUNABLES:+glibc-nommap}
 tag=${tag:-default}
 
-cargo bench --bench model --no-run --quiet
+profile=${PROFILE:-bench}
+cargo bench --profile "$profile" --bench model --no-run --quiet
 quiet() { if [[ -n "${PY:-}" ]]; then (cd "$anchors" && "$PY" wait_quiet.py); fi; }
 for w in "${workloads[@]}"; do
     quiet
     echo "=== $(date +%T) petting $model $w" >&2
-    cargo bench --quiet --bench model -- --model "$model" --workload "$w" --out "$results" --tag "$tag"
+    cargo bench --profile "$profile" --quiet --bench model -- --model "$model" --workload "$w" --out "$results" --tag "$tag"
     if [[ "$w" == prefill ]]; then
         quiet
-        cargo bench --quiet --bench model -- --model "$model" --workload prefill_keep1 --out "$results" --tag "$tag"
+        cargo bench --profile "$profile" --quiet --bench model -- --model "$model" --workload prefill_keep1 --out "$results" --tag "$tag"
     fi
     [[ -n "${PY:-}" ]] || continue
     quiet
