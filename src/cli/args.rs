@@ -30,6 +30,9 @@ pub enum Command {
     /// Show one task's sampling tree: every candidate per turn and agent, with rewards,
     /// advantages, the selected branch, responses and feedback.
     Show(ShowArgs),
+    /// Write an iteration's selected trajectories as chat transcripts (one record per
+    /// agent turn: the prompt as the user message, the reply as the assistant's).
+    Export(ExportArgs),
     /// Delete files of a run that no commit marker names (crashed or losing attempts).
     Gc(GcArgs),
     /// Check every committed file of a run against the size and sha256 its marker records.
@@ -312,4 +315,26 @@ pub struct ShowArgs {
     /// Whole prompts, responses and feedback instead of their first characters.
     #[arg(long)]
     pub full: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
+    pub run: String,
+    /// The iteration whose rollout to export.
+    #[arg(long)]
+    pub iteration: u32,
+    #[arg(long, value_enum, default_value_t = ExportFormat::Jsonl)]
+    pub format: ExportFormat,
+    /// The file to write (JSON Lines go to standard output without it).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// One JSON object per line, with `messages` as TRL and Hugging Face datasets read it.
+    Jsonl,
+    /// A zstd Parquet file with the same columns.
+    Parquet,
 }

@@ -2,6 +2,7 @@
 
 mod args;
 mod config;
+mod export;
 mod gc;
 mod model;
 mod pipeline;
@@ -56,6 +57,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Sql(args) => sql::run(args).await,
         Command::Status(args) => status::run(&args.run).await,
         Command::Show(args) => show::run(args).await,
+        Command::Export(args) => export::run(args).await,
         Command::Gc(args) => gc::run(args).await,
         Command::Verify(args) => gc::verify(&args.run).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),

@@ -1,5 +1,7 @@
-//! Looking into a run: one task's sampling tree (`petting show`).
+//! Looking into a run: one task's sampling tree (`petting show`) and the selected
+//! trajectories as chat transcripts (`petting export`).
 
+pub mod export;
 pub mod tree;
 
 use std::collections::HashMap;
@@ -20,6 +22,9 @@ pub enum Error {
 
     #[error("iteration {iteration} of {url} has no task {task:?}; its tasks include {examples}")]
     NoTask { url: String, iteration: u32, task: String, examples: String },
+
+    #[error("cannot encode the transcripts: {0}")]
+    Export(String),
 }
 
 /// Every candidate of one task in one iteration, with the advantages the update used
@@ -30,15 +35,18 @@ pub struct TaskTree {
     pub advantages: HashMap<String, f64>,
 }
 
+/// Every candidate of the committed rollout of `iteration`.
+pub async fn iteration_turns(store: &RunStore, iteration: u32) -> Result<Vec<TurnRow>, Error> {
+    let url = store.url().to_string();
+    let rollout = store.committed(Stage::Rollout, Some(iteration)).await?.ok_or(Error::NoRollout { url, iteration })?;
+    let markers: Vec<_> = rollout.iter().map(|m| &m.marker).collect();
+    Ok(store.read_rows(&markers).await?)
+}
+
 /// Reads one task's candidates from the committed rollout of `iteration`.
 pub async fn task_tree(store: &RunStore, iteration: u32, task: &str) -> Result<TaskTree, Error> {
     let url = store.url().to_string();
-    let rollout = store
-        .committed(Stage::Rollout, Some(iteration))
-        .await?
-        .ok_or(Error::NoRollout { url: url.clone(), iteration })?;
-    let markers: Vec<_> = rollout.iter().map(|m| &m.marker).collect();
-    let all: Vec<TurnRow> = store.read_rows(&markers).await?;
+    let all = iteration_turns(store, iteration).await?;
     let turns: Vec<TurnRow> = all.iter().filter(|t| t.task_id == task).cloned().collect();
     if turns.is_empty() {
         let mut ids: Vec<&str> = all.iter().map(|t| t.task_id.as_str()).collect();

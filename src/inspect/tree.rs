@@ -54,7 +54,7 @@ fn render_group(out: &mut String, group: &[&TurnRow], advantages: &HashMap<Strin
     );
     let _ = writeln!(out, "{}", paint(&header, Style::Bold, options));
     // The branches of one step share their prompt (an independent episode has one branch).
-    let _ = writeln!(out, "  prompt ({} tokens): {}", first.prompt_tokens.len(), shown(&first.prompt_text, options));
+    let _ = writeln!(out, "  prompt ({} tokens): {}", first.prompt_tokens.len(), shown(&first.prompt_message, options));
     for turn in group {
         render_candidate(out, turn, advantages.get(&turn.candidate_id), options);
     }
@@ -132,10 +132,11 @@ fn paint(text: &str, style: Style, options: RenderOptions) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn turn(node_id: u32, branch: u32, agent: &str, response: &str) -> TurnRow {
+    /// A candidate row with plain defaults, for tests here and in `export`.
+    pub(crate) fn turn(node_id: u32, branch: u32, agent: &str, response: &str) -> TurnRow {
         TurnRow {
             candidate_id: format!("t/e0/t0/{agent}/b{branch}"),
             run: "r".into(),
@@ -149,7 +150,8 @@ mod tests {
             node_id,
             parent_id: None,
             selected: false,
-            prompt_text: "You are the tool agent.\nGrid: ...".into(),
+            prompt_message: "You are the tool agent.\nGrid: ...".into(),
+            prompt_text: "<|im_start|>user\nYou are the tool agent.\nGrid: ...".into(),
             prompt_tokens: vec![1; 12],
             response_text: response.into(),
             response_tokens: vec![5; 4],
@@ -206,6 +208,7 @@ mod tests {
         let long = format!("{}\nsecond line", "x".repeat(300));
         let selected = TurnRow { selected: true, ..turn(0, 0, "planner", &long) };
         let text = render(&[selected], &HashMap::new(), RenderOptions { full: true, color: true });
+        assert!(text.contains("prompt (12 tokens): You are the tool agent."), "the message, not the template: {text}");
         assert!(text.contains(&"x".repeat(300)) && text.contains("\n      second line"), "{text}");
         assert!(text.contains("\x1b[1;32m▶ b0"), "{text}");
     }

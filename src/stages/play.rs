@@ -85,6 +85,8 @@ pub struct Candidate {
     pub parent_id: Option<u32>,
     pub selected: bool,
     pub seed: u64,
+    /// The prompt as the workflow wrote it (the reply has it as the model saw it).
+    pub message: String,
     pub reply: Reply,
     pub outcome: TurnOutcome,
 }
@@ -207,6 +209,7 @@ pub fn play(
                     parent_id: track.parent,
                     selected: b == best,
                     seed,
+                    message: step.messages[slot].clone(),
                     reply,
                     outcome: outcome.clone(),
                 });
@@ -236,6 +239,8 @@ pub fn play(
 struct SampledStep {
     replies: Vec<(u64, Reply)>,
     policy_of: Vec<String>,
+    /// The prompt of each live track.
+    messages: Vec<String>,
 }
 
 fn sample_step(
@@ -249,6 +254,7 @@ fn sample_step(
     // (policy, prompt) per reply slot, then one responder call per policy.
     let mut wanted: Vec<(String, Prompt)> = Vec::new();
     let mut policy_of = Vec::new();
+    let mut messages = Vec::new();
     for &t in live {
         let track = &tracks[t];
         let agent = track.episode.next_agent().expect("live");
@@ -262,6 +268,7 @@ fn sample_step(
             wanted.push((policy.clone(), Prompt { text: text.clone(), seed: stream(&keys) }));
         }
         policy_of.push(policy.clone());
+        messages.push(text);
     }
     let mut replies: Vec<Option<(u64, Reply)>> = vec![None; wanted.len()];
     let mut by_policy: Vec<(&str, Vec<usize>)> = Vec::new();
@@ -281,7 +288,11 @@ fn sample_step(
             replies[i] = Some((wanted[i].1.seed, reply));
         }
     }
-    Ok(SampledStep { replies: replies.into_iter().map(|r| r.expect("every slot answered")).collect(), policy_of })
+    Ok(SampledStep {
+        replies: replies.into_iter().map(|r| r.expect("every slot answered")).collect(),
+        policy_of,
+        messages,
+    })
 }
 
 /// Steps one clone of its track's episode per reply. Tool programs are run first, each

@@ -167,6 +167,7 @@ fn turn_rows(
                 node_id: c.node_id,
                 parent_id: c.parent_id,
                 selected: c.selected,
+                prompt_message: c.message.clone(),
                 prompt_text: c.reply.prompt_text.clone(),
                 prompt_tokens: c.reply.prompt_tokens.clone(),
                 response_text: c.reply.text.clone(),

@@ -27,7 +27,7 @@ pub mod layout;
 mod location;
 pub use location::absolute_path;
 pub mod marker;
-mod parquet_io;
+pub(crate) mod parquet_io;
 pub mod status;
 mod writer;
 

@@ -148,6 +148,7 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
         "n\n0\n"
     );
     shows_the_tree_of_a_task(&run_dir);
+    exports_the_selected_turns_as_transcripts(&run_dir, dir.path());
 
     // Running it again finds everything committed and changes nothing.
     let before = content(&run_dir);
@@ -167,6 +168,28 @@ fn shows_the_tree_of_a_task(run_dir: &Path) {
     assert_eq!(stdout.matches("  A ").count(), 6, "every candidate has its advantage: {stdout}");
     let (ok, _, stderr) = run(&["show", run_dir.to_str().unwrap(), "--iteration", "1", "--task", "nope"]);
     assert!(!ok && stderr.contains("has no task \"nope\"; its tasks include"), "{stderr}");
+}
+
+/// `petting export`: one transcript per selected turn, with the prompt before the chat template.
+fn exports_the_selected_turns_as_transcripts(run_dir: &Path, out: &Path) {
+    let run_dir = run_dir.to_str().unwrap();
+    let (ok, stdout, stderr) = run(&["export", run_dir, "--iteration", "1"]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3 * 2, "3 tasks, a tool turn and a planner turn each");
+    for line in &lines {
+        let prompt = line["messages"][0]["content"].as_str().unwrap();
+        assert!(prompt.starts_with("You are the ") && !prompt.contains("<|im_start|>"), "{prompt}");
+        assert_eq!(line["messages"][1]["role"], "assistant");
+        assert_eq!(line["iteration"], 1);
+    }
+    let file = out.join("it1.parquet");
+    let file_arg = file.to_str().unwrap();
+    let (ok, _, stderr) = run(&["export", run_dir, "--iteration", "1", "--format", "parquet", "--output", file_arg]);
+    assert!(ok && stderr.contains("wrote 6 transcripts"), "{stderr}");
+    assert!(std::fs::read(&file).unwrap().starts_with(b"PAR1"));
+    let (ok, _, stderr) = run(&["export", run_dir, "--iteration", "7"]);
+    assert!(!ok && stderr.contains("no committed rollout for iteration 7"), "{stderr}");
 }
 
 #[test]

@@ -140,6 +140,7 @@ fn turn(
         node_id: branch as u32,
         parent_id: None,
         selected: branch == 0,
+        prompt_message: "p".into(),
         prompt_text: "p".into(),
         prompt_tokens: prompt.to_vec(),
         response_text: "r".into(),

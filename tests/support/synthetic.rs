@@ -54,6 +54,7 @@ pub fn turn_rows(iteration: u32, rows: usize, seed: u64) -> Vec<TurnRow> {
                 node_id: (i % 64) as u32,
                 parent_id: if turn == 0 && agent == "tool" { None } else { Some(0) },
                 selected: branch == 0,
+                prompt_message: format!("grid for task {task}, {agent} at turn {turn}"),
                 prompt_text: format!("grid for task {task}, {agent} at turn {turn}"),
                 prompt_tokens: (0..16).map(|t| ((task * 31 + t) % 500) as i32).collect(),
                 response_text: "RRDDLU".chars().take(response_len.min(6)).collect(),
