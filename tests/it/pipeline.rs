@@ -148,6 +148,7 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
         "n\n0\n"
     );
     shows_the_tree_of_a_task(&run_dir);
+    the_readme_queries_run(&run_dir);
     exports_the_selected_turns_as_transcripts(&run_dir, dir.path());
 
     // Running it again finds everything committed and changes nothing.
@@ -155,6 +156,18 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
     let again = pipeline(&config);
     assert!(again.contains("resuming"), "{again}");
     assert_eq!(content(&run_dir), before);
+}
+
+/// Every `petting sql runs/plan-path "…"` example of the README runs on a real run.
+fn the_readme_queries_run(run_dir: &Path) {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let queries: Vec<&str> =
+        readme.split("petting sql runs/plan-path \"").skip(1).map(|rest| rest.split('"').next().unwrap()).collect();
+    assert!(queries.len() >= 6, "{queries:?}");
+    for query in queries {
+        let (ok, _, stderr) = run(&["sql", run_dir.to_str().unwrap(), query]);
+        assert!(ok, "{query}\n{stderr}");
+    }
 }
 
 /// `petting show` renders both steps of a task: K candidates each, one selected, with advantages.
