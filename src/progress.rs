@@ -14,6 +14,15 @@ pub trait Progress: Sync {
     fn finish(&self);
 }
 
+/// Runs `work` as one phase of `total` units: started before it, finished after it,
+/// whatever it returns.
+pub fn phase<R>(progress: &dyn Progress, label: &str, total: u64, unit: &'static str, work: impl FnOnce() -> R) -> R {
+    progress.start(label, total, unit);
+    let result = work();
+    progress.finish();
+    result
+}
+
 /// Reports nowhere.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Quiet;

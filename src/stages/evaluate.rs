@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::config::{EvalMode, RolloutMode, RunConfig, Selection, WorkflowKind};
 use crate::model::GenerationSettings;
-use crate::progress::Progress;
+use crate::progress::{Progress, phase};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, RunStore, Split, Stage, StageId};
 use crate::tables::EvalRow;
@@ -48,14 +48,16 @@ pub async fn run(
         let plan = plan(config, mode, iteration, mode_index as u64);
         let started = Instant::now();
         let label = format!("{stage} {}", mode_name(mode));
-        progress.start(&label, games.len() as u64 * plan.episodes_per_task() as u64, "episodes");
-        let played = tokio::task::block_in_place(|| {
-            let settings = GenerationSettings::from_config(&config.evaluation.sampling);
-            let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
-            play::play(&games, &plan, &mut responder, &sandbox, progress)
-        });
-        progress.finish();
-        let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } = played?;
+        let episodes = games.len() as u64 * u64::from(plan.episodes_per_task());
+        let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } =
+            phase(progress, &label, episodes, "episodes", || {
+                tokio::task::block_in_place(|| {
+                    let settings = GenerationSettings::from_config(&config.evaluation.sampling);
+                    let max_prompt = config.rollout.max_prompt_tokens as usize;
+                    let mut responder = ModelResponder::new(&mut loaded, settings, max_prompt);
+                    play::play(&games, &plan, &mut responder, &sandbox, progress)
+                })
+            })?;
         model_seconds += model;
         sandbox_seconds += sandboxed;
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;

@@ -13,7 +13,7 @@ use crate::config::RunConfig;
 use crate::envs::AnyEnv;
 use crate::envs::rng::{SplitMix64, stream};
 use crate::model::GenerationSettings;
-use crate::progress::Progress;
+use crate::progress::{Progress, phase};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, PolicyRef, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::{TaskRow, TurnRow};
@@ -47,13 +47,13 @@ pub async fn run(
     let games = games(config, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let settings = GenerationSettings::from_config(&config.rollout.sampling);
-    progress.start(&stage.to_string(), games.len() as u64 * plan.episodes_per_task() as u64, "episodes");
-    let played = tokio::task::block_in_place(|| {
-        let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
-        play::play(&games, &plan, &mut responder, &sandbox, progress)
-    });
-    progress.finish();
-    let played = played?;
+    let episodes = games.len() as u64 * u64::from(plan.episodes_per_task());
+    let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
+        tokio::task::block_in_place(|| {
+            let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
+            play::play(&games, &plan, &mut responder, &sandbox, progress)
+        })
+    })?;
     let rows = turn_rows(config, &batch, &played.candidates, &loaded);
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],

@@ -48,7 +48,7 @@ use crate::config::{
 };
 use crate::envs::rng::{SplitMix64, stream};
 use crate::model::{self, LoadOptions, ModelConfig, Policy, ScoreRequest};
-use crate::progress::Progress;
+use crate::progress::{Progress, phase};
 use crate::schema::Table;
 use crate::store::{
     self, CommitInfo, CommitMarker, InputRef, Partition, PolicyRef, RunStore, Stage, StageId, StoredMarker,
@@ -215,10 +215,10 @@ pub async fn initialise(store: &RunStore, config: &RunConfig, progress: &dyn Pro
                     let seed = stream(&[config.seed, SFT_KEY, name_key(name)]);
                     let settings = SftSettings { warm, grad_clip: config.update.grad_clip, seed };
                     let started = Instant::now();
-                    progress.start(&format!("warm start {name}"), u64::from(warm.steps), "steps");
-                    let trained = train_sft(&mut policy, name, &examples, &settings, &config.update, progress);
-                    progress.finish();
-                    rows.extend(trained?);
+                    let label = format!("warm start {name}");
+                    rows.extend(phase(progress, &label, u64::from(warm.steps), "steps", || {
+                        train_sft(&mut policy, name, &examples, &settings, &config.update, progress)
+                    })?);
                     model_seconds += started.elapsed().as_secs_f64();
                 }
                 let loaded =
@@ -478,10 +478,10 @@ pub async fn run(
         let settings = PpoSettings::new(config, &plan.name, iteration);
         let adapter = loaded.adapter().map(str::to_owned);
         let started = Instant::now();
-        progress.start(&format!("{stage} {}", plan.name), settings.steps(plan.sequences.len()), "steps");
-        let trained = train_ppo(&mut loaded.policy, adapter.as_deref(), &plan, &settings, progress);
-        progress.finish();
-        rows.extend(trained?);
+        let (label, steps) = (format!("{stage} {}", plan.name), settings.steps(plan.sequences.len()));
+        rows.extend(phase(progress, &label, steps, "steps", || {
+            train_ppo(&mut loaded.policy, adapter.as_deref(), &plan, &settings, progress)
+        })?);
         model_seconds += started.elapsed().as_secs_f64();
         saved.push(checkpoints::save(&mut writer, &loaded, iteration + 1).await?);
         used.push(plan.current);
