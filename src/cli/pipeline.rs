@@ -75,7 +75,7 @@ fn fork_from_here(fork: &ForkConfig) -> anyhow::Result<ForkConfig> {
     if fork.from.contains("://") {
         return Ok(fork.clone());
     }
-    let path = std::path::absolute(&fork.from).with_context(|| format!("--from {}", fork.from))?;
+    let path = petting::store::absolute_path(Path::new(&fork.from)).with_context(|| format!("--from {}", fork.from))?;
     Ok(ForkConfig { from: path.to_string_lossy().into_owned(), ..fork.clone() })
 }
 
