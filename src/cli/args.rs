@@ -33,6 +33,9 @@ pub enum Command {
     /// Write an iteration's selected trajectories as chat transcripts (one record per
     /// agent turn: the prompt as the user message, the reply as the assistant's).
     Export(ExportArgs),
+    /// Write an HTML page with charts (success, rewards, lengths, PPO statistics, time per
+    /// stage) and the trees of the best and worst groups, viewable without a network.
+    Report(ReportArgs),
     /// Delete files of a run that no commit marker names (crashed or losing attempts).
     Gc(GcArgs),
     /// Check every committed file of a run against the size and sha256 its marker records.
@@ -337,4 +340,13 @@ pub enum ExportFormat {
     Jsonl,
     /// A zstd Parquet file with the same columns.
     Parquet,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
+    pub run: String,
+    /// The folder to write index.html, charts/ and trees/ into [default: <run name>-report]
+    #[arg(long)]
+    pub output: Option<PathBuf>,
 }

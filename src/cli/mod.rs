@@ -7,6 +7,7 @@ mod gc;
 mod model;
 mod pipeline;
 mod progress;
+mod report;
 mod schema;
 mod show;
 mod sql;
@@ -58,6 +59,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Status(args) => status::run(&args.run).await,
         Command::Show(args) => show::run(args).await,
         Command::Export(args) => export::run(args).await,
+        Command::Report(args) => report::run(args).await,
         Command::Gc(args) => gc::run(args).await,
         Command::Verify(args) => gc::verify(&args.run).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),

@@ -1,7 +1,10 @@
-//! Looking into a run: one task's sampling tree (`petting show`) and the selected
-//! trajectories as chat transcripts (`petting export`).
+//! Looking into a run: one task's sampling tree (`petting show`), the selected
+//! trajectories as chat transcripts (`petting export`) and a page of charts and tables
+//! (`petting report`).
 
+pub mod chart;
 pub mod export;
+pub mod report;
 pub mod tree;
 
 use std::collections::HashMap;
@@ -25,6 +28,18 @@ pub enum Error {
 
     #[error("cannot encode the transcripts: {0}")]
     Export(String),
+
+    #[error(transparent)]
+    Sql(#[from] crate::sql::Error),
+
+    #[error(transparent)]
+    Chart(#[from] chart::ChartError),
+
+    #[error("cannot format a query result for the report: {0}")]
+    Report(String),
+
+    #[error("cannot write {path}: {source}")]
+    Write { path: String, source: std::io::Error },
 }
 
 /// Every candidate of one task in one iteration, with the advantages the update used

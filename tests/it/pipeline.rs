@@ -150,6 +150,7 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
     shows_the_tree_of_a_task(&run_dir);
     the_readme_queries_run(&run_dir);
     exports_the_selected_turns_as_transcripts(&run_dir, dir.path());
+    reports_the_run(&run_dir, &dir.path().join("report"));
 
     // Running it again finds everything committed and changes nothing.
     let before = content(&run_dir);
@@ -203,6 +204,45 @@ fn exports_the_selected_turns_as_transcripts(run_dir: &Path, out: &Path) {
     assert!(std::fs::read(&file).unwrap().starts_with(b"PAR1"));
     let (ok, _, stderr) = run(&["export", run_dir, "--iteration", "7"]);
     assert!(!ok && stderr.contains("no committed rollout for iteration 7"), "{stderr}");
+}
+
+/// `petting report`: a page that names only local files that exist, and charts that are
+/// real PNGs with something drawn on them.
+fn reports_the_run(run_dir: &Path, out: &Path) {
+    let (ok, stdout, stderr) = run(&["report", run_dir.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("(7 charts, "), "{stdout}");
+    let links = local_links(out, &std::fs::read_to_string(out.join("index.html")).unwrap());
+    let trees: Vec<_> = links.iter().filter(|l| l.extension().is_some_and(|e| e == "html")).collect();
+    assert!(!trees.is_empty(), "the best and worst groups link to their trees");
+    for tree in trees {
+        let page = std::fs::read_to_string(tree).unwrap();
+        assert!(page.contains("<pre>episode 0 · turn 0 · "), "{page}");
+        local_links(tree.parent().unwrap(), &page);
+    }
+    let charts: Vec<_> = links.iter().filter(|l| l.extension().is_some_and(|e| e == "png")).collect();
+    assert_eq!(charts.len(), 7, "{links:?}");
+    for chart in charts {
+        let image = image::open(chart).unwrap_or_else(|e| panic!("{}: {e}", chart.display())).to_rgb8();
+        assert_eq!(image.dimensions(), (960, 480));
+        // Series are drawn in saturated colours, axes, grid and text in greys: a chart
+        // without its lines has only the legend's few hundred coloured pixels.
+        let coloured = image.pixels().filter(|p| p.0.iter().max().unwrap() - p.0.iter().min().unwrap() > 100).count();
+        assert!(coloured > 1000, "{}: {coloured} coloured pixels", chart.display());
+    }
+}
+
+/// Every `src` and `href` of `page`: relative, and naming a file that exists.
+fn local_links(dir: &Path, page: &str) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for rest in page.split(" src=\"").skip(1).chain(page.split(" href=\"").skip(1)) {
+        let target = rest.split('"').next().unwrap();
+        assert!(!target.contains(':') && !target.starts_with('/'), "not a local relative link: {target}");
+        let file = dir.join(target);
+        assert!(file.is_file(), "{target} does not exist");
+        files.push(file);
+    }
+    files
 }
 
 #[test]
