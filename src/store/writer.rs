@@ -164,9 +164,11 @@ impl PendingCommit<'_> {
             .await;
         match created {
             Ok(_) => Ok(marker),
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                Err(Error::AlreadyCommitted { url: self.store.url.clone(), stage: self.stage })
-            }
+            Err(object_store::Error::AlreadyExists { .. }) => match self.store.marker(&self.stage).await? {
+                // Our own create, retried after its response was lost (a dropped connection).
+                Some(existing) if existing.marker.attempt == marker.attempt => Ok(marker),
+                _ => Err(Error::AlreadyCommitted { url: self.store.url.clone(), stage: self.stage }),
+            },
             Err(e) => Err(self.store.object_error("create", &relative, e)),
         }
     }
