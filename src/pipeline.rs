@@ -12,11 +12,18 @@
 //!
 //! A fork of iteration K of another run (`fork` in the config) has the same schedule
 //! from K on: its run-level update commits the source's version K of every policy.
+//!
+//! N processes can run one run together (`--worker I/N`, what the cluster recipes in
+//! `deploy/` start): rollout and evaluate run in N shards, one per worker, and every
+//! other stage on worker 0, while the others wait for its marker. The store is the only
+//! thing they share.
+
+use std::time::Duration;
 
 use crate::config::RunConfig;
 use crate::progress::Progress;
 use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, rollout, update};
-use crate::store::{self, CommitMarker, RunStore, Stage, StageId};
+use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
 
 /// The run-level update that commits version 0 of every policy.
 pub const INITIAL_UPDATE: StageId = StageId { stage: Stage::Update, iteration: None, shard: None };
@@ -35,6 +42,24 @@ pub fn schedule(config: &RunConfig) -> Vec<StageId> {
     }
     stages.push(StageId::at(Stage::Evaluate, n));
     stages
+}
+
+/// The stage whose commit stage `id` needs before it can start: the policies' version for
+/// rollout and evaluate, the previous step within an iteration. The schedule is one
+/// order that respects these; an external scheduler may run more at once (evaluate k
+/// beside rollout k).
+pub fn needs(config: &RunConfig, id: StageId) -> Option<StageId> {
+    let version =
+        |k: u32| if k == config.first_iteration() { INITIAL_UPDATE } else { StageId::at(Stage::Update, k - 1) };
+    match (id.stage, id.iteration) {
+        (Stage::PrepareData, _) => None,
+        (Stage::Update, None) => Some(StageId::run_level(Stage::PrepareData)),
+        (Stage::Rollout | Stage::Evaluate, Some(k)) => Some(version(k)),
+        (Stage::Group, Some(k)) => Some(StageId::at(Stage::Rollout, k)),
+        (Stage::Advantage, Some(k)) => Some(StageId::at(Stage::Group, k)),
+        (Stage::Update, Some(k)) => Some(StageId::at(Stage::Advantage, k)),
+        (stage, None) => unreachable!("{stage} runs per iteration"),
+    }
 }
 
 /// Whether policy version `k` (k < iterations) is evaluated before iteration k samples.
@@ -57,7 +82,7 @@ pub async fn run_stage(
         (Stage::Group, Some(k)) => group::run(store, config, k).await,
         (Stage::Advantage, Some(k)) => advantage::run(store, config, k).await,
         (Stage::Update, Some(k)) => update::run(store, config, k, progress).await.map_err(|e| Box::new(e).into()),
-        (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, progress).await,
+        (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, id.shard, progress).await,
         (stage, None) => unreachable!("{stage} runs per iteration"),
     }
 }
@@ -67,6 +92,28 @@ pub async fn pending(store: &RunStore, config: &RunConfig) -> Result<Vec<StageId
     let markers = store.markers().await?;
     let committed = |id: &StageId| store::committed_among(&markers, id.stage, id.iteration).is_some();
     Ok(schedule(config).into_iter().filter(|id| !committed(id)).collect())
+}
+
+/// The part of stage `id` that worker `worker` runs: its shard of a rollout or an
+/// evaluation, the whole of any other stage on worker 0, nothing otherwise.
+pub fn worker_part(id: StageId, worker: Shard) -> Option<StageId> {
+    match id.stage {
+        _ if worker.count == 1 => Some(id),
+        Stage::Rollout | Stage::Evaluate => Some(id.with_shard(worker.index, worker.count)),
+        _ if worker.index == 0 => Some(id),
+        _ => None,
+    }
+}
+
+/// Waits until stage `id` is committed (every shard of it, when sharded), looking at the
+/// store every `poll` at first and every 10 s at most.
+pub async fn wait_until_committed(store: &RunStore, id: StageId, poll: Duration) -> Result<(), store::Error> {
+    let mut delay = poll;
+    while store.committed(id.stage, id.iteration).await?.is_none() {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(10).max(poll));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -106,6 +153,42 @@ mod tests {
         assert_eq!(names[3..7], ["rollout3", "group3", "advantage3", "update3"]);
         assert_eq!(names.last().unwrap(), "evaluate5");
         assert_eq!(names.len(), 2 + 2 * 4 + 3);
+    }
+
+    #[test]
+    fn every_stage_needs_the_policies_it_samples_with_or_the_step_before_it() {
+        let config = config("{every: 2, at_start: true, tasks: 10}");
+        let needs = |id| needs(&config, id).map(|n| names(&[n])[0].clone());
+        assert_eq!(needs(StageId::run_level(Stage::PrepareData)), None);
+        assert_eq!(needs(INITIAL_UPDATE).unwrap(), "prepare-data");
+        assert_eq!(needs(StageId::at(Stage::Rollout, 0)).unwrap(), "update");
+        assert_eq!(needs(StageId::at(Stage::Evaluate, 0)).unwrap(), "update");
+        assert_eq!(needs(StageId::at(Stage::Rollout, 2)).unwrap(), "update1");
+        assert_eq!(needs(StageId::at(Stage::Evaluate, 5)).unwrap(), "update4");
+        assert_eq!(needs(StageId::at(Stage::Group, 2)).unwrap(), "rollout2");
+        assert_eq!(needs(StageId::at(Stage::Update, 2)).unwrap(), "advantage2");
+        // Every stage comes after what it needs in the schedule.
+        let order = schedule(&config);
+        for (at, id) in order.iter().enumerate() {
+            if let Some(need) = super::needs(&config, *id) {
+                assert!(order[..at].contains(&need), "{id} before {need}");
+            }
+        }
+    }
+
+    #[test]
+    fn workers_share_rollouts_and_evaluations_and_leave_the_rest_to_worker_0() {
+        let rollout = StageId::at(Stage::Rollout, 3);
+        let group = StageId::at(Stage::Group, 3);
+        let second = Shard { index: 1, count: 4 };
+        assert_eq!(worker_part(rollout, second), Some(rollout.with_shard(1, 4)));
+        let evaluate = StageId::at(Stage::Evaluate, 3);
+        assert_eq!(worker_part(evaluate, second), Some(evaluate.with_shard(1, 4)));
+        assert_eq!(worker_part(group, second), None);
+        assert_eq!(worker_part(INITIAL_UPDATE, second), None);
+        assert_eq!(worker_part(group, Shard { index: 0, count: 4 }), Some(group));
+        let alone = Shard { index: 0, count: 1 };
+        assert_eq!(worker_part(rollout, alone), Some(rollout), "one worker runs stages whole");
     }
 
     #[test]

@@ -146,6 +146,21 @@ pub struct ImportGgufArgs {
 pub enum PipelineCommand {
     /// Run (or resume) the pipeline an iteration.yaml describes.
     Run(PipelineRunArgs),
+    /// Print every step of the run as `petting stage` commands with what each waits for,
+    /// for an external scheduler (Argo, Airflow, a Slurm dependency chain).
+    Plan(PipelinePlanArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PipelinePlanArgs {
+    /// The run's iteration.yaml.
+    pub config: PathBuf,
+    /// Split every rollout and evaluation into this many shards.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub shards: u32,
+    /// One JSON object per step: {"step", "after", "command"}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -163,6 +178,11 @@ pub struct PipelineRunArgs {
     /// e.g. `--from runs/plan-path@10`; resuming the new run later needs no --from.
     #[arg(long, value_name = "URL@K")]
     pub from: Option<petting::config::ForkConfig>,
+    /// Run as worker I of N processes sharing this run (on one machine or many, e.g. a
+    /// Kubernetes Indexed Job or a Slurm array: see deploy/): each plays its shard of
+    /// every rollout and evaluation; worker 0 runs the other stages while the rest wait.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    pub worker: Option<petting::store::Shard>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -176,8 +196,8 @@ pub struct StageArgs {
     /// The iteration, for per-iteration stages.
     #[arg(long)]
     pub iteration: Option<u32>,
-    /// Run one slice of a rollout, e.g. `--shard 0/2`; the slices together write what one
-    /// unsharded rollout writes.
+    /// Run one slice of a rollout or an evaluation, e.g. `--shard 0/2`; the slices
+    /// together write what one unsharded stage writes.
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<petting::store::Shard>,
 }

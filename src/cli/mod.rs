@@ -52,6 +52,7 @@ pub fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Pipeline(PipelineCommand::Run(args)) => pipeline::run(args).await,
+        Command::Pipeline(PipelineCommand::Plan(args)) => pipeline::plan(&args),
         Command::Stage(args) => stage::run(args).await,
         Command::Config(ConfigCommand::Check { config }) => config::check(&config),
         Command::Config(ConfigCommand::Show { config }) => config::show(&config),

@@ -1,5 +1,5 @@
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
@@ -10,7 +10,7 @@ use petting::stages::update;
 use petting::store::layout::RUN_CONFIG;
 use petting::store::{RunStore, Stage};
 
-use super::args::PipelineRunArgs;
+use super::args::{PipelinePlanArgs, PipelineRunArgs};
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let mut loaded = config::load(&args.config)?;
@@ -48,25 +48,75 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let progress = super::progress::for_stderr();
+    if let Some(worker) = args.worker {
+        println!("worker {} of {}", worker.index, worker.count);
+    }
     for id in pending {
         if args.until.as_deref() == Some(&stop_name(id)) {
             println!("stopping before {id} (--until)");
             return Ok(());
         }
-        let stage_started = Instant::now();
-        let marker =
-            pipeline::run_stage(&store, config, id, &*progress).await.with_context(|| format!("{id} failed"))?;
-        println!(
-            "{id}: {} rows, {:.1} s (total {:.0} s)",
-            marker.rows(),
-            stage_started.elapsed().as_secs_f64(),
-            started.elapsed().as_secs_f64()
-        );
-        if let (Stage::Update, Some(k)) = (id.stage, id.iteration) {
-            println!("{}", summary(&store, config, k).await?);
+        let part = args.worker.map_or(Some(id), |worker| pipeline::worker_part(id, worker));
+        if let Some(part) = part
+            && store.marker(&part).await?.is_none()
+        {
+            let stage_started = Instant::now();
+            let marker = pipeline::run_stage(&store, config, part, &*progress)
+                .await
+                .with_context(|| format!("{part} failed"))?;
+            println!(
+                "{part}: {} rows, {:.1} s (total {:.0} s)",
+                marker.rows(),
+                stage_started.elapsed().as_secs_f64(),
+                started.elapsed().as_secs_f64()
+            );
+            if let (Stage::Update, Some(k)) = (id.stage, id.iteration) {
+                println!("{}", summary(&store, config, k).await?);
+            }
+        }
+        if args.worker.is_some() {
+            pipeline::wait_until_committed(&store, id, Duration::from_millis(500)).await?;
         }
     }
     println!("{}", final_line(&store).await?);
+    Ok(())
+}
+
+/// Prints the run's steps in schedule order: each `petting stage` command and the
+/// stage whose every part (all shards) must be committed before it starts. The first step creates
+/// the run (freezing its config), which `petting stage` needs.
+pub fn plan(args: &PipelinePlanArgs) -> anyhow::Result<()> {
+    let config = config::load(&args.config)?.resolved();
+    let url = RunStore::open(&config.store)?.url().to_string();
+    let create = format!("petting pipeline run {} --until prepare-data", args.config.display());
+    let mut steps = vec![("create".to_string(), None, create)];
+    // The run-level update is `petting stage init`, and named so here.
+    let name = |id| if id == pipeline::INITIAL_UPDATE { "init".to_string() } else { stop_name(id) };
+    for id in pipeline::schedule(&config) {
+        let after = Some(pipeline::needs(&config, id).map_or("create".to_string(), name));
+        let shards = if matches!(id.stage, Stage::Rollout | Stage::Evaluate) { args.shards } else { 1 };
+        for index in 0..shards {
+            let mut command = match id.iteration {
+                None if id.stage == Stage::Update => format!("petting stage init --run {url}"),
+                None => format!("petting stage {} --run {url}", id.stage),
+                Some(k) => format!("petting stage {} --run {url} --iteration {k}", id.stage),
+            };
+            let mut step = name(id);
+            if shards > 1 {
+                command.push_str(&format!(" --shard {index}/{shards}"));
+                step.push_str(&format!("#{index}"));
+            }
+            steps.push((step, after.clone(), command));
+        }
+    }
+    for (step, after, command) in steps {
+        if args.json {
+            let after: Vec<String> = after.into_iter().collect();
+            println!("{}", serde_json::json!({"step": step, "after": after, "command": command}));
+        } else {
+            println!("{step:<16} {:<24} {command}", after.map_or(String::new(), |a| format!("after {a}")));
+        }
+    }
     Ok(())
 }
 

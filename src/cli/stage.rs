@@ -10,6 +10,9 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
     let config = stages::run_config(&store).await?;
     let iteration = || args.iteration.context("this stage runs per iteration: give --iteration K");
     let progress = &*super::progress::for_stderr();
+    if args.shard.is_some() && !matches!(args.stage, StageName::Rollout | StageName::Evaluate) {
+        anyhow::bail!("--shard: only rollout and evaluate run in shards");
+    }
     let marker = match args.stage {
         StageName::PrepareData => {
             let prepared = prepare_data::run(&store, &config).await?;
@@ -24,16 +27,28 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
         }
         StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress).await?,
         StageName::Rollout => {
-            let mut id = StageId::at(Stage::Rollout, iteration()?);
-            id.shard = args.shard;
-            run_stage(&store, &config, id, progress).await?
+            run_stage(
+                &store,
+                &config,
+                StageId { shard: args.shard, ..StageId::at(Stage::Rollout, iteration()?) },
+                progress,
+            )
+            .await?
         }
         StageName::Group => run_stage(&store, &config, StageId::at(Stage::Group, iteration()?), progress).await?,
         StageName::Advantage => {
             run_stage(&store, &config, StageId::at(Stage::Advantage, iteration()?), progress).await?
         }
         StageName::Update => run_stage(&store, &config, StageId::at(Stage::Update, iteration()?), progress).await?,
-        StageName::Evaluate => run_stage(&store, &config, StageId::at(Stage::Evaluate, iteration()?), progress).await?,
+        StageName::Evaluate => {
+            run_stage(
+                &store,
+                &config,
+                StageId { shard: args.shard, ..StageId::at(Stage::Evaluate, iteration()?) },
+                progress,
+            )
+            .await?
+        }
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",

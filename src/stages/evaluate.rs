@@ -5,6 +5,9 @@
 //! * multi_agent: the configured workflow and agent→policy map.
 //! * single_agent: the environment's single-agent workflow, played by the first role's policy.
 //! * swapped: the configured workflow with the two roles' policies exchanged.
+//!
+//! Sharding (`--shard i/n`) keeps the test tasks at positions i mod n; seeds are per task,
+//! so the shards together write the rows one unsharded evaluation writes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -13,7 +16,7 @@ use crate::config::{EvalMode, RolloutMode, RunConfig, Selection, WorkflowKind};
 use crate::model::GenerationSettings;
 use crate::progress::{Progress, phase};
 use crate::sandbox::{Sandbox, SandboxConfig};
-use crate::store::{CommitInfo, CommitMarker, RunStore, Split, Stage, StageId};
+use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::EvalRow;
 
 use super::checkpoints::{self, LoadedPolicy};
@@ -29,13 +32,20 @@ pub async fn run(
     store: &RunStore,
     config: &RunConfig,
     iteration: u32,
+    shard: Option<Shard>,
     progress: &dyn Progress,
 ) -> Result<CommitMarker, Error> {
-    let stage = StageId::at(Stage::Evaluate, iteration);
+    let stage = StageId { shard, ..StageId::at(Stage::Evaluate, iteration) };
     super::refuse_if_committed(store, stage).await?;
     let writer = store.begin(stage);
     let (prepared, mut test) = tasks::read(store, Split::Test).await?;
     test.truncate(config.evaluation.tasks as usize);
+    let test: Vec<_> = test
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| shard.is_none_or(|s| *i as u32 % s.count == s.index))
+        .map(|(_, t)| t)
+        .collect();
     let games = games(config, &test)?;
     let mut loaded = BTreeMap::new();
     for name in config.policies.keys() {

@@ -155,15 +155,34 @@ fn run_info(config: &RunConfig) -> CommitInfo {
 
 /// Writes `rows` as the stage's part of their table for its iteration, then commits.
 async fn commit_rows<R: crate::tables::Row>(
-    mut writer: store::StageWriter<'_>,
+    writer: store::StageWriter<'_>,
     rows: &[R],
+    info: CommitInfo,
+) -> Result<store::CommitMarker, Error> {
+    commit_parts(writer, &[rows], info).await
+}
+
+/// Writes each non-empty slice of rows as its own part file and commits. A stage with
+/// no rows at all (an empty shard) writes one empty part, so its table still exists.
+async fn commit_parts<R: crate::tables::Row>(
+    mut writer: store::StageWriter<'_>,
+    parts: &[&[R]],
     info: CommitInfo,
 ) -> Result<store::CommitMarker, Error> {
     let stage = writer.stage();
     let iteration = stage.iteration.expect("a per-iteration stage");
-    let batch =
-        crate::tables::to_batch(rows).map_err(|e| Error::Conform { stage, table: R::TABLE, detail: e.to_string() })?;
-    writer.write_table(R::TABLE, Partition::Iteration(iteration), &[batch]).await?;
+    let mut parts: Vec<&[R]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() {
+        parts.push(&[]);
+    }
+    for rows in parts {
+        let batch = crate::tables::to_batch(rows).map_err(|e| Error::Conform {
+            stage,
+            table: R::TABLE,
+            detail: e.to_string(),
+        })?;
+        writer.write_table(R::TABLE, Partition::Iteration(iteration), &[batch]).await?;
+    }
     Ok(writer.finish().commit(info).await?)
 }
 

@@ -34,10 +34,7 @@ pub async fn run(
     shard: Option<Shard>,
     progress: &dyn Progress,
 ) -> Result<CommitMarker, Error> {
-    let stage = match shard {
-        Some(s) => StageId::at(Stage::Rollout, iteration).with_shard(s.index, s.count),
-        None => StageId::at(Stage::Rollout, iteration),
-    };
+    let stage = StageId { shard, ..StageId::at(Stage::Rollout, iteration) };
     super::refuse_if_committed(store, stage).await?;
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
@@ -62,7 +59,15 @@ pub async fn run(
         sandbox_seconds: played.sandbox_seconds,
         ..super::run_info(config)
     };
-    super::commit_rows(writer, &rows, info).await
+    // One part per agent (a stable partition: each agent's rows keep their order), so
+    // predicates on `agent`, and on `policy` when roles have their own, skip whole files.
+    let mut agents: Vec<&str> = rows.iter().map(|r| r.agent.as_str()).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    let by_agent: Vec<Vec<TurnRow>> =
+        agents.iter().map(|a| rows.iter().filter(|r| r.agent == *a).cloned().collect()).collect();
+    let parts: Vec<&[TurnRow]> = by_agent.iter().map(Vec::as_slice).collect();
+    super::commit_parts(writer, &parts, info).await
 }
 
 /// Loads version `iteration` of every policy, refusing when it is not the latest.

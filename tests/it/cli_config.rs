@@ -26,6 +26,32 @@ fn config_show_fills_in_the_defaults() {
     assert!(stdout.contains("clip_epsilon: 0.2") && stdout.contains("std_epsilon:"), "{stdout}");
 }
 
+#[test]
+fn pipeline_plan_prints_every_step_with_what_it_waits_for() {
+    let path = repo_root().join("pipelines/plan-path.yaml");
+    let (ok, stdout, stderr) = run(&["pipeline", "plan", path.to_str().unwrap(), "--shards", "2", "--json"]);
+    assert!(ok, "{stderr}");
+    let steps: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // create, prepare-data, init; 30 iterations of 2 rollout shards, group, advantage,
+    // update; evaluations of v0, v10, v20, v30 in 2 shards each.
+    assert_eq!(steps.len(), 3 + 30 * 5 + 4 * 2);
+    assert_eq!(steps[2]["step"], "init");
+    assert_eq!(steps[2]["after"], serde_json::json!(["prepare-data"]));
+    let rollout = steps.iter().find(|s| s["step"] == "rollout:10#1").unwrap();
+    assert_eq!(rollout["after"], serde_json::json!(["update:9"]));
+    let command = rollout["command"].as_str().unwrap();
+    assert!(
+        command.starts_with("petting stage rollout --run file://") && command.ends_with("--iteration 10 --shard 1/2")
+    );
+    let group = steps.iter().find(|s| s["step"] == "group:10").unwrap();
+    assert_eq!(group["after"], serde_json::json!(["rollout:10"]));
+    // Every step waits for one that comes before it.
+    for (at, step) in steps.iter().enumerate().skip(1) {
+        let after = step["after"][0].as_str().unwrap();
+        assert!(steps[..at].iter().any(|s| s["step"].as_str().unwrap().split('#').next() == Some(after)), "{step}");
+    }
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();

@@ -9,6 +9,7 @@ mod independent_reader;
 mod libtorch;
 mod model;
 mod pipeline;
+mod scale_out;
 mod stages;
 mod store;
 mod update;

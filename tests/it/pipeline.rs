@@ -2,11 +2,16 @@
 
 use std::path::Path;
 
-use crate::support::{repo_root, run};
+use crate::support::{output_of, petting, repo_root, run};
 
 /// Two iterations of Plan-Path with a tool agent and a planner on separate policies, so
 /// routing is visible, both starting from the tiny Qwen3 fixture made by transformers.
-fn write_config(dir: &Path, name: &str, run_dir: &Path, seed: u64) -> String {
+pub(crate) fn write_config(dir: &Path, name: &str, run_dir: &Path, seed: u64) -> String {
+    write_config_for(dir, name, &run_dir.display().to_string(), seed)
+}
+
+/// `write_config` with any store URL (`s3://…`).
+pub(crate) fn write_config_for(dir: &Path, name: &str, store: &str, seed: u64) -> String {
     let model = repo_root().join("../shared/fixtures/hf-tiny-qwen3");
     let text = format!(
         r#"store: {store}
@@ -24,7 +29,6 @@ algorithm: {{name: at_grpo}}
 update: {{mini_batch_sequences: 9}}
 evaluation: {{every: 1, tasks: 4, modes: [multi_agent, single_agent], sampling: {{temperature: 0.0, max_new_tokens: 12}}}}
 "#,
-        store = run_dir.display(),
         model = model.display(),
     );
     let path = dir.join(format!("{name}.yaml"));
@@ -37,12 +41,22 @@ fn sql(run_dir: &Path, query: &str) -> String {
 }
 
 fn sql_as(run_dir: &Path, query: &str, format: &str) -> String {
-    let (ok, csv, stderr) = run(&["sql", run_dir.to_str().unwrap(), query, "--format", format]);
+    sql_at(run_dir.to_str().unwrap(), query, format)
+}
+
+/// `petting sql` on a run at any URL, with the S3 test server's credentials for `s3://`.
+pub(crate) fn sql_at(run: &str, query: &str, format: &str) -> String {
+    let mut command = petting();
+    if run.starts_with("s3://") {
+        let (endpoint, _) = crate::support::s3_server().unwrap();
+        command.envs(crate::support::s3_env(&endpoint));
+    }
+    let (ok, csv, stderr) = output_of(command.args(["sql", run, query, "--format", format]).output().unwrap());
     assert!(ok, "{query}\n{stderr}");
     csv
 }
 
-fn pipeline(config: &str) -> String {
+pub(crate) fn pipeline(config: &str) -> String {
     let (ok, stdout, stderr) = run(&["pipeline", "run", config]);
     assert!(ok, "{stdout}\n{stderr}");
     stdout
@@ -57,8 +71,13 @@ fn content(run_dir: &Path) -> String {
 
 /// `content` with extra turns columns (`logprobs`), of the rows `filter` keeps.
 fn content_with(run_dir: &Path, logprobs: &str, filter: &str) -> String {
-    let turns = sql_as(
-        run_dir,
+    content_at(run_dir.to_str().unwrap(), logprobs, filter)
+}
+
+/// `content_with` of a run at any URL, with its evaluations.
+pub(crate) fn content_at(run: &str, logprobs: &str, filter: &str) -> String {
+    let turns = sql_at(
+        run,
         &format!(
             "select candidate_id, policy, policy_version, node_id, parent_id, selected, prompt_tokens, \
              response_tokens, {logprobs} action, local_reward, team_reward, sampling_seed from turns \
@@ -67,8 +86,16 @@ fn content_with(run_dir: &Path, logprobs: &str, filter: &str) -> String {
         "json",
     );
     let samples =
-        sql_as(run_dir, &format!("select * from samples where {filter} order by iteration, candidate_id"), "json");
-    format!("{turns}\n{samples}")
+        sql_at(run, &format!("select * from samples where {filter} order by iteration, candidate_id"), "json");
+    let evals = sql_at(
+        run,
+        &format!(
+            "select iteration, mode, task_id, sample, success, reward, turns, tokens from evals where {filter} \
+             order by iteration, mode, task_id, sample"
+        ),
+        "json",
+    );
+    format!("{turns}\n{samples}\n{evals}")
 }
 
 #[test]
