@@ -8,7 +8,10 @@ use super::args::{StageArgs, StageName};
 pub async fn run(args: StageArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
     let config = stages::run_config(&store).await?;
-    let iteration = || args.iteration.context("this stage runs per iteration: give --iteration K");
+    let at = |stage| -> anyhow::Result<StageId> {
+        let k = args.iteration.context("this stage runs per iteration: give --iteration K")?;
+        Ok(StageId { shard: args.shard, ..StageId::at(stage, k) })
+    };
     let progress = &*super::progress::for_stderr();
     if args.shard.is_some() && !matches!(args.stage, StageName::Rollout | StageName::Evaluate) {
         anyhow::bail!("--shard: only rollout and evaluate run in shards");
@@ -26,29 +29,11 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
             prepared.marker
         }
         StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress).await?,
-        StageName::Rollout => {
-            run_stage(
-                &store,
-                &config,
-                StageId { shard: args.shard, ..StageId::at(Stage::Rollout, iteration()?) },
-                progress,
-            )
-            .await?
-        }
-        StageName::Group => run_stage(&store, &config, StageId::at(Stage::Group, iteration()?), progress).await?,
-        StageName::Advantage => {
-            run_stage(&store, &config, StageId::at(Stage::Advantage, iteration()?), progress).await?
-        }
-        StageName::Update => run_stage(&store, &config, StageId::at(Stage::Update, iteration()?), progress).await?,
-        StageName::Evaluate => {
-            run_stage(
-                &store,
-                &config,
-                StageId { shard: args.shard, ..StageId::at(Stage::Evaluate, iteration()?) },
-                progress,
-            )
-            .await?
-        }
+        StageName::Rollout => run_stage(&store, &config, at(Stage::Rollout)?, progress).await?,
+        StageName::Group => run_stage(&store, &config, at(Stage::Group)?, progress).await?,
+        StageName::Advantage => run_stage(&store, &config, at(Stage::Advantage)?, progress).await?,
+        StageName::Update => run_stage(&store, &config, at(Stage::Update)?, progress).await?,
+        StageName::Evaluate => run_stage(&store, &config, at(Stage::Evaluate)?, progress).await?,
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",
