@@ -40,12 +40,8 @@ pub async fn run(
     let writer = store.begin(stage);
     let (prepared, mut test) = tasks::read(store, Split::Test).await?;
     test.truncate(config.evaluation.tasks as usize);
-    let test: Vec<_> = test
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| shard.is_none_or(|s| *i as u32 % s.count == s.index))
-        .map(|(_, t)| t)
-        .collect();
+    let test: Vec<_> =
+        test.into_iter().enumerate().filter(|(i, _)| shard.is_none_or(|s| s.holds(*i))).map(|(_, t)| t).collect();
     let games = games(config, &test)?;
     let mut loaded = BTreeMap::new();
     for name in config.policies.keys() {

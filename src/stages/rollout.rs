@@ -103,7 +103,7 @@ pub fn batch(train: &[TaskRow], config: &RunConfig, iteration: u32, shard: Optio
     let b = config.rollout.tasks_per_iteration as usize;
     let n = train.len();
     (0..b)
-        .filter(|i| shard.is_none_or(|s| *i as u32 % s.count == s.index))
+        .filter(|i| shard.is_none_or(|s| s.holds(*i)))
         .map(|i| {
             let position = iteration as usize * b + i;
             let order = epoch_order(n, config.seed, (position / n) as u64);

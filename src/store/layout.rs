@@ -73,6 +73,14 @@ pub struct Shard {
     pub count: u32,
 }
 
+impl Shard {
+    /// Whether the item at `position` of a stage's work list (a task of the batch or of
+    /// the test split) is this shard's: positions `index` mod `count`.
+    pub fn holds(self, position: usize) -> bool {
+        position as u32 % self.count == self.index
+    }
+}
+
 /// One commit of one stage: what a commit marker stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StageId {
