@@ -791,9 +791,69 @@ impl LoadedConfig {
 
 /// Reads, parses and validates a config file.
 pub fn load(file: &Path) -> Result<LoadedConfig, Error> {
-    let text = std::fs::read_to_string(file).map_err(|source| Error::Read { file: file.to_path_buf(), source })?;
+    load_with(file, &[])
+}
+
+/// Reads a config file, sets the overridden keys in it, then parses and validates it.
+pub fn load_with(file: &Path, overrides: &[Override]) -> Result<LoadedConfig, Error> {
+    let mut text = std::fs::read_to_string(file).map_err(|source| Error::Read { file: file.to_path_buf(), source })?;
+    if !overrides.is_empty() {
+        text = apply_overrides(&text, overrides, file)?;
+    }
     let config = parse(&text, file)?;
     Ok(LoadedConfig { config, text, file: file.to_path_buf() })
+}
+
+/// `KEY=VALUE` from the command line: a dotted key of the file (`algorithm.alpha`) and a
+/// YAML value, which replaces the file's value before the file is parsed. Relative paths
+/// in values are taken relative to the file, like the file's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    pub key: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for Override {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Override, String> {
+        let (key, value) =
+            text.split_once('=').ok_or_else(|| format!("{text:?} is not KEY=VALUE (e.g. algorithm.alpha=0.5)"))?;
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(format!("{key:?} in {text:?} is not a dotted key (e.g. algorithm.alpha)"));
+        }
+        Ok(Override { key: key.to_string(), value: value.to_string() })
+    }
+}
+
+fn apply_overrides(text: &str, overrides: &[Override], file: &Path) -> Result<String, Error> {
+    let parse_error = |message: String| Error::Parse { file: file.to_path_buf(), key: None, message };
+    let mut tree: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| parse_error(e.to_string()))?;
+    for Override { key, value } in overrides {
+        let value = serde_saphyr::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.clone()));
+        set_key(&mut tree, key, value).map_err(|message| Error::Invalid {
+            file: file.to_path_buf(),
+            key: key.clone(),
+            message,
+        })?;
+    }
+    Ok(serde_saphyr::to_string(&tree).expect("a YAML tree always serialises"))
+}
+
+/// Sets a dotted key in a YAML tree, creating the mappings on its way that are absent.
+fn set_key(tree: &mut serde_json::Value, key: &str, value: serde_json::Value) -> Result<(), String> {
+    let mut node = tree;
+    for part in key.split('.') {
+        if node.is_null() {
+            *node = serde_json::Value::Object(Default::default());
+        }
+        let serde_json::Value::Object(map) = node else {
+            return Err(format!("--set cannot set `{part}` inside a value that is not a mapping"));
+        };
+        node = map.entry(part).or_insert(serde_json::Value::Null);
+    }
+    *node = value;
+    Ok(())
 }
 
 /// Parses and validates config text; `file` only names it in errors.
@@ -1092,6 +1152,37 @@ policies:
 
     fn error_of(text: &str) -> String {
         parse_str(text).unwrap_err().to_string()
+    }
+
+    fn overridden(overrides: &[&str]) -> Result<RunConfig, Error> {
+        let overrides: Vec<Override> = overrides.iter().map(|o| o.parse().unwrap()).collect();
+        parse_str(&apply_overrides(MINIMAL, &overrides, Path::new("it.yaml"))?)
+    }
+
+    #[test]
+    fn overrides_replace_nested_and_absent_keys() {
+        let config = overridden(&[
+            "seed=7",
+            "env.size=6",
+            "algorithm.name=grpo",
+            "store=s3://b/r",
+            "policies.shared.lora.rank=4",
+        ])
+        .unwrap();
+        assert_eq!(config.seed, 7);
+        assert!(matches!(config.env, EnvConfig::PlanPath(PlanPathConfig { size: 6, .. })));
+        assert_eq!(config.algorithm.name, Algorithm::Grpo);
+        assert_eq!(config.store, "s3://b/r");
+        assert_eq!(config.policies["shared"].lora.as_ref().unwrap().rank, 4);
+    }
+
+    #[test]
+    fn a_bad_override_names_its_key() {
+        let message = overridden(&["iterations=many"]).unwrap_err().to_string();
+        assert!(message.starts_with("it.yaml: iterations: "), "{message}");
+        let message = overridden(&["iterations.low=1"]).unwrap_err().to_string();
+        assert!(message.starts_with("it.yaml: iterations.low: --set cannot set `low`"), "{message}");
+        assert!("seed".parse::<Override>().is_err() && "a..b=1".parse::<Override>().is_err());
     }
 
     #[test]

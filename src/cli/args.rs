@@ -167,6 +167,11 @@ pub struct PipelinePlanArgs {
 pub struct PipelineRunArgs {
     /// The run's iteration.yaml.
     pub config: PathBuf,
+    /// Set a key of the file, e.g. `--set seed=2 --set algorithm.alpha=0.5` (repeatable; a
+    /// YAML value; relative paths are relative to the file). A run resumes only with the
+    /// same settings, since they are part of its config.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<petting::config::Override>,
     /// Resume a run even though its iteration.yaml changed since it started (the old
     /// config is kept under _config_history/).
     #[arg(long)]

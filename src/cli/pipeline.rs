@@ -13,7 +13,7 @@ use petting::store::{RunStore, Stage};
 use super::args::{PipelinePlanArgs, PipelineRunArgs};
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
-    let mut loaded = config::load(&args.config)?;
+    let mut loaded = config::load_with(&args.config, &args.overrides)?;
     if let Some(fork) = &args.from {
         loaded.config.fork = Some(fork_from_here(fork)?);
         fork_checks(&loaded.resolved()).await?;
