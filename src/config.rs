@@ -86,19 +86,36 @@ pub struct ForkConfig {
     pub from: String,
     /// Its iteration K: the run starts from the policies iteration K sampled with.
     pub iteration: u32,
+    /// Replay (`URL@K:group`): copy the source's rollout of iteration K instead of sampling
+    /// it, so group, advantage and update run with this run's algorithm on exactly the
+    /// same turns. Everything that decides what rollout K samples must match the source.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay: bool,
 }
 
 impl std::str::FromStr for ForkConfig {
     type Err = String;
 
-    /// `URL@K`, e.g. `runs/plan-path@10` or `s3://bucket/runs/a@3`.
+    /// `URL@K` or `URL@K:group`, e.g. `runs/plan-path@10` or `s3://bucket/runs/a@3:group`.
     fn from_str(text: &str) -> Result<ForkConfig, String> {
-        let (from, k) = text.rsplit_once('@').ok_or_else(|| format!("{text:?} is not URL@K (e.g. runs/a@10)"))?;
+        let (from, rest) =
+            text.rsplit_once('@').ok_or_else(|| format!("{text:?} is not URL@K or URL@K:group (e.g. runs/a@10)"))?;
+        let (k, stage) = rest.split_once(':').map_or((rest, None), |(k, s)| (k, Some(s)));
         let iteration = k.parse().map_err(|_| format!("{k:?} after '@' in {text:?} is not an iteration number"))?;
         if from.is_empty() {
             return Err(format!("{text:?} names no run before '@'"));
         }
-        Ok(ForkConfig { from: from.to_string(), iteration })
+        let replay = match stage {
+            None => false,
+            Some("group") => true,
+            Some(other) => {
+                return Err(format!(
+                    "{other:?} after ':' in {text:?}: a fork restarts at rollout (URL@K) or at group, \
+                     replaying rollout K (URL@K:group)"
+                ));
+            }
+        };
+        Ok(ForkConfig { from: from.to_string(), iteration, replay })
     }
 }
 
@@ -1080,6 +1097,23 @@ impl RunConfig {
     }
 
     /// The run's name: `name`, or the last segment of the store URL.
+    /// The sections that decide what a rollout samples (given the weights) and that
+    /// differ between two configs: a replay copies turns only between equal ones.
+    pub fn sampling_differences(&self, other: &RunConfig) -> Vec<&'static str> {
+        fn json<T: Serialize>(value: &T) -> serde_json::Value {
+            serde_json::to_value(value).expect("a config always serialises")
+        }
+        let sections: [(&'static str, serde_json::Value, serde_json::Value); 6] = [
+            ("seed", json(&self.seed), json(&other.seed)),
+            ("env", json(&self.env), json(&other.env)),
+            ("data", json(&self.data), json(&other.data)),
+            ("workflow", json(&self.workflow), json(&other.workflow)),
+            ("agents", json(&self.agents), json(&other.agents)),
+            ("rollout", json(&self.rollout), json(&other.rollout)),
+        ];
+        sections.into_iter().filter(|(_, a, b)| a != b).map(|(name, _, _)| name).collect()
+    }
+
     pub fn run_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| {
             let trimmed = self.store.trim_end_matches('/');
@@ -1174,6 +1208,16 @@ policies:
         assert_eq!(config.algorithm.name, Algorithm::Grpo);
         assert_eq!(config.store, "s3://b/r");
         assert_eq!(config.policies["shared"].lora.as_ref().unwrap().rank, 4);
+    }
+
+    #[test]
+    fn a_fork_restarts_at_rollout_or_replays_it() {
+        let fork: ForkConfig = "s3://b/runs/a@3".parse().unwrap();
+        assert_eq!((fork.from.as_str(), fork.iteration, fork.replay), ("s3://b/runs/a", 3, false));
+        let fork: ForkConfig = "runs/a@10:group".parse().unwrap();
+        assert_eq!((fork.from.as_str(), fork.iteration, fork.replay), ("runs/a", 10, true));
+        assert!("runs/a@1:advantage".parse::<ForkConfig>().unwrap_err().contains("URL@K:group"));
+        assert!("runs/a".parse::<ForkConfig>().is_err() && "@1".parse::<ForkConfig>().is_err());
     }
 
     #[test]

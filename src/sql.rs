@@ -127,6 +127,8 @@ fn commit_rows(markers: &[StoredMarker]) -> Vec<CommitRow> {
                 seconds: c.seconds(),
                 model_seconds: c.model_seconds,
                 sandbox_seconds: c.sandbox_seconds,
+                reused_from: (!c.reused_from.is_empty())
+                    .then(|| c.reused_from.iter().map(|r| r.marker.as_str()).collect::<Vec<_>>().join(" ")),
             }
         })
         .collect()

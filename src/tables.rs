@@ -205,6 +205,7 @@ pub struct CommitRow {
     pub seconds: f64,
     pub model_seconds: f64,
     pub sandbox_seconds: f64,
+    pub reused_from: Option<String>,
 }
 impl Row for CommitRow {
     const TABLE: Table = Table::Commits;

@@ -36,6 +36,10 @@ pub enum Command {
     /// Write an HTML page with charts (success, rewards, lengths, PPO statistics, time per
     /// stage) and the trees of the best and worst groups, viewable without a network.
     Report(ReportArgs),
+    /// Compare runs: held-out success per method (rows) and task (columns), averaged over
+    /// seeds, with Δ against the untrained single agent; also writes a CSV, a bar chart and
+    /// learning curves.
+    Compare(CompareArgs),
     /// Delete files of a run that no commit marker names (crashed or losing attempts).
     Gc(GcArgs),
     /// Check every committed file of a run against the size and sha256 its marker records.
@@ -181,7 +185,8 @@ pub struct PipelineRunArgs {
     pub until: Option<String>,
     /// Start a new run from iteration K of a stored run (its policies of version K),
     /// e.g. `--from runs/plan-path@10`; resuming the new run later needs no --from.
-    #[arg(long, value_name = "URL@K")]
+    /// `URL@K:group` replays: iteration K's turns are copied from the source, not sampled.
+    #[arg(long, value_name = "URL@K[:group]")]
     pub from: Option<petting::config::ForkConfig>,
     /// Run as worker I of N processes sharing this run (on one machine or many, e.g. a
     /// Kubernetes Indexed Job or a Slurm array: see deploy/): each plays its shard of
@@ -374,4 +379,14 @@ pub struct ReportArgs {
     /// The folder to write index.html, charts/ and trees/ into [default: <run name>-report]
     #[arg(long)]
     pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The runs: local paths or URLs. Rows come from each run's version 0 and final version.
+    #[arg(required = true)]
+    pub runs: Vec<String>,
+    /// The folder to write compare.csv, compare.png and the learning curves into.
+    #[arg(long, default_value = "comparison")]
+    pub output: PathBuf,
 }

@@ -61,6 +61,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Show(args) => show::run(args).await,
         Command::Export(args) => export::run(args).await,
         Command::Report(args) => report::run(args).await,
+        Command::Compare(args) => report::compare(args).await,
         Command::Gc(args) => gc::run(args).await,
         Command::Verify(args) => gc::verify(&args.run).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),

@@ -137,6 +137,9 @@ async fn fork_checks(config: &RunConfig) -> anyhow::Result<()> {
         bail!("--from names the run's own store {}; a fork needs a new store", target.url());
     }
     update::check_fork(config).await?;
+    if fork.replay {
+        petting::stages::replay::check(config, fork).await?;
+    }
     Ok(())
 }
 

@@ -1,9 +1,10 @@
 use std::path::PathBuf;
 
-use petting::inspect::report;
+use anyhow::Context;
+use petting::inspect::{compare, report};
 use petting::store::RunStore;
 
-use super::args::ReportArgs;
+use super::args::{CompareArgs, ReportArgs};
 
 pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
@@ -19,4 +20,24 @@ pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
 fn default_folder(url: &str) -> PathBuf {
     let name = url.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("run");
     PathBuf::from(format!("{name}-report"))
+}
+
+pub async fn compare(args: CompareArgs) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for url in &args.runs {
+        let store = RunStore::open(url)?;
+        store.ensure_exists().await?;
+        let run = compare::read_run(&store).await.with_context(|| format!("cannot compare {url}"))?;
+        let last = run.success.iter().flat_map(|s| &s.points).map(|p| p.0).max();
+        if last != Some(i64::from(run.iterations)) {
+            let at = last.map_or("nothing".to_string(), |v| format!("up to version {v}"));
+            eprintln!("note: {url} has evaluated {at} of {}; only its untrained rows count", run.iterations);
+        }
+        runs.push(run);
+    }
+    let table = compare::table(&runs);
+    print!("{}", compare::render(&table));
+    let written = compare::write_comparison(&runs, &table, &args.output)?;
+    println!("wrote {} files into {}", written.files.len(), args.output.display());
+    Ok(())
 }

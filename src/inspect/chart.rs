@@ -7,11 +7,11 @@ use std::sync::Once;
 
 use plotters::prelude::*;
 use plotters::style::FontStyle;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 const FONT: &str = "sans-serif";
 const WIDTH: u32 = 960;
 const HEIGHT: u32 = 480;
-const LEGEND_WIDTH: u32 = 190;
 
 /// One line: a value per iteration.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +45,8 @@ pub fn draw_png(chart: &LineChart, path: &Path) -> Result<(), ChartError> {
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
     // The legend gets its own column, so it never hides a line.
-    let (plot_area, legend_area) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let (plot_area, legend_area) =
+        root.split_horizontally(WIDTH - legend_width(chart.series.iter().map(|s| s.name.as_str())));
     let xs = x_range(chart.series);
     let ys = chart.y_range.clone().unwrap_or_else(|| y_range(chart.series));
     // One label per iteration while they fit, so no tick falls between two iterations.
@@ -77,6 +78,79 @@ pub fn draw_png(chart: &LineChart, path: &Path) -> Result<(), ChartError> {
         legend_area.draw(&Text::new(series.name.as_str(), (34, y - 8), (FONT, 14))).map_err(|e| fail(&e))?;
     }
     root.present().map_err(|e| fail(&e))
+}
+
+/// Bars with an error bar each: one bar per series in every group (a task), e.g. held-out
+/// success per method and task with its spread over seeds.
+#[derive(Debug, Clone)]
+pub struct BarChart<'a> {
+    pub title: &'a str,
+    pub y_label: &'a str,
+    pub groups: &'a [String],
+    pub series: &'a [Bars],
+}
+
+/// One series of bars: per group, (height, error) or nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bars {
+    pub name: String,
+    pub values: Vec<Option<(f64, f64)>>,
+}
+
+/// Draws `chart` to a PNG file at `path`, with a y axis from 0 to 1 (fractions).
+pub fn draw_bars_png(chart: &BarChart, path: &Path) -> Result<(), ChartError> {
+    register_font();
+    let fail = |e: &dyn std::fmt::Display| ChartError { path: path.display().to_string(), message: e.to_string() };
+    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let (plot_area, legend_area) =
+        root.split_horizontally(WIDTH - legend_width(chart.series.iter().map(|s| s.name.as_str())));
+    let mut plot = ChartBuilder::on(&plot_area)
+        .caption(chart.title, (FONT, 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(72)
+        .build_cartesian_2d(0.0..chart.groups.len().max(1) as f64, 0.0..1.05)
+        .map_err(|e| fail(&e))?;
+    plot.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc(chart.y_label)
+        .label_style((FONT, 14))
+        .axis_desc_style((FONT, 16))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    // Each group is one unit wide: its bars fill the middle 80%.
+    let width = 0.8 / chart.series.len().max(1) as f64;
+    for (index, bars) in chart.series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        for (group, value) in bars.values.iter().enumerate() {
+            let Some((height, error)) = *value else { continue };
+            let left = group as f64 + 0.1 + width * index as f64;
+            let middle = left + width / 2.0;
+            plot.draw_series([Rectangle::new([(left, 0.0), (left + width * 0.9, height)], color.filled())])
+                .map_err(|e| fail(&e))?;
+            let (low, high) = ((height - error).max(0.0), (height + error).min(1.05));
+            plot.draw_series([PathElement::new([(middle, low), (middle, high)], BLACK.stroke_width(1))])
+                .map_err(|e| fail(&e))?;
+        }
+        let y = 48 + 22 * index as i32;
+        legend_area.draw(&Rectangle::new([(4, y - 6), (28, y + 6)], color.filled())).map_err(|e| fail(&e))?;
+        legend_area.draw(&Text::new(bars.name.as_str(), (34, y - 8), (FONT, 14))).map_err(|e| fail(&e))?;
+    }
+    let style = TextStyle::from((FONT, 16).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
+    for (group, name) in chart.groups.iter().enumerate() {
+        let (x, y) = plot.backend_coord(&(group as f64 + 0.5, 0.0));
+        root.draw(&Text::new(name.as_str(), (x, y + 8), style.clone())).map_err(|e| fail(&e))?;
+    }
+    root.present().map_err(|e| fail(&e))
+}
+
+/// Room for the longest name at 14 px (about 7.5 px a character), within limits that
+/// leave the plot most of the width.
+fn legend_width<'a>(names: impl Iterator<Item = &'a str>) -> u32 {
+    let longest = names.map(|n| n.chars().count()).max().unwrap_or(0) as u32;
+    (longest * 15 / 2 + 44).clamp(190, 420)
 }
 
 fn register_font() {

@@ -3,6 +3,7 @@
 //! (`petting report`).
 
 pub mod chart;
+pub mod compare;
 pub mod export;
 pub mod report;
 pub mod tree;
@@ -34,6 +35,12 @@ pub enum Error {
 
     #[error(transparent)]
     Chart(#[from] chart::ChartError),
+
+    #[error("{url} holds no run (no run.yaml)")]
+    NotARun { url: String },
+
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
 
     #[error("cannot format a query result for the report: {0}")]
     Report(String),

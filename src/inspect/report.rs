@@ -349,7 +349,7 @@ async fn grid(sql: &RunSql, query: &str) -> Result<Grid, Error> {
 
 /// Series from batches with columns `x`, `series`, `y`: named in order of first
 /// appearance, points sorted by x, null values left out.
-fn series(batches: &[RecordBatch]) -> Vec<Series> {
+pub(crate) fn series(batches: &[RecordBatch]) -> Vec<Series> {
     let mut by_name: Vec<Series> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for batch in batches {

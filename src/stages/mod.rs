@@ -7,6 +7,7 @@ pub mod evaluate;
 pub mod group;
 pub mod play;
 pub mod prepare_data;
+pub mod replay;
 pub mod responder;
 pub mod rollout;
 mod tasks;
@@ -73,6 +74,9 @@ pub enum Error {
          run the missing shards with that count"
     )]
     ShardLayout { stage: StageId, existing: String },
+
+    #[error("cannot replay iteration {iteration} of {from}: {reason}")]
+    Replay { from: String, iteration: u32, reason: String },
 
     #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
     Conform { stage: StageId, table: Table, detail: String },

@@ -15,7 +15,7 @@ use crate::envs::rng::{SplitMix64, stream};
 use crate::model::GenerationSettings;
 use crate::progress::{Progress, phase};
 use crate::sandbox::{Sandbox, SandboxConfig};
-use crate::store::{CommitInfo, CommitMarker, PolicyRef, RunStore, Shard, Split, Stage, StageId};
+use crate::store::{CommitInfo, CommitMarker, PolicyRef, RunStore, Shard, Split, Stage, StageId, StageWriter};
 use crate::tables::{TaskRow, TurnRow};
 
 use super::checkpoints::{self, LoadedPolicy};
@@ -36,6 +36,9 @@ pub async fn run(
 ) -> Result<CommitMarker, Error> {
     let stage = StageId { shard, ..StageId::at(Stage::Rollout, iteration) };
     super::refuse_if_committed(store, stage).await?;
+    if let Some(fork) = super::replay::replays(config, iteration) {
+        return super::replay::rollout(store, config, fork, shard).await;
+    }
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch = batch(&train, config, iteration, shard);
@@ -59,6 +62,15 @@ pub async fn run(
         sandbox_seconds: played.sandbox_seconds,
         ..super::run_info(config)
     };
+    commit_by_agent(writer, rows, info).await
+}
+
+/// Commits a rollout's rows, one part per agent.
+pub(super) async fn commit_by_agent(
+    writer: StageWriter<'_>,
+    rows: Vec<TurnRow>,
+    info: CommitInfo,
+) -> Result<CommitMarker, Error> {
     // One part per agent (a stable partition: each agent's rows keep their order), so
     // predicates on `agent`, and on `policy` when roles have their own, skip whole files.
     let mut agents: Vec<&str> = rows.iter().map(|r| r.agent.as_str()).collect();

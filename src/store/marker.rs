@@ -39,6 +39,10 @@ pub struct CommitMarker {
     /// Of the wall time, seconds running tool programs in the sandbox.
     #[serde(default)]
     pub sandbox_seconds: f64,
+    /// The markers of another run whose rows this commit copies instead of computing
+    /// them (a replay fork), as `<run URL>/<marker path>` with each marker's hash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reused_from: Vec<InputRef>,
 }
 
 /// One file a commit makes visible.

@@ -37,6 +37,7 @@ pub struct CommitInfo {
     pub config_sha256: String,
     pub model_seconds: f64,
     pub sandbox_seconds: f64,
+    pub reused_from: Vec<InputRef>,
 }
 
 /// A finished attempt whose files are all written and closed, ready to be made visible.
@@ -151,6 +152,7 @@ impl PendingCommit<'_> {
             config_sha256: info.config_sha256,
             model_seconds: info.model_seconds,
             sandbox_seconds: info.sandbox_seconds,
+            reused_from: info.reused_from,
             code_version: crate::CODE_VERSION.to_string(),
             started_at: self.started_at,
             finished_at: Utc::now(),

@@ -178,6 +178,7 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
     the_readme_queries_run(&run_dir);
     exports_the_selected_turns_as_transcripts(&run_dir, dir.path());
     reports_the_run(&run_dir, &dir.path().join("report"));
+    compares_the_run(&run_dir, &dir.path().join("comparison"));
 
     // Running it again finds everything committed and changes nothing.
     let before = content(&run_dir);
@@ -256,6 +257,23 @@ fn reports_the_run(run_dir: &Path, out: &Path) {
         // without its lines has only the legend's few hundred coloured pixels.
         let coloured = image.pixels().filter(|p| p.0.iter().max().unwrap() - p.0.iter().min().unwrap() > 100).count();
         assert!(coloured > 1000, "{}: {coloured} coloured pixels", chart.display());
+    }
+}
+
+fn compares_the_run(run_dir: &Path, out: &Path) {
+    let (ok, stdout, stderr) = run(&["compare", run_dir.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    // Version 0 is the untrained team, version 2 (the last iteration) the trained one.
+    let table: Vec<&str> = stdout.lines().collect();
+    assert!(table[0].starts_with("method") && table[0].contains("plan_path"), "{stdout}");
+    for row in ["MAS (per-role)", "MAS (per-role), first role alone", "MAS + AT-GRPO (per-role)"] {
+        assert!(table.iter().any(|l| l.starts_with(&format!("{row}  "))), "no row {row}:\n{stdout}");
+    }
+    let csv = std::fs::read_to_string(out.join("compare.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    for chart in ["compare.png", "curves-plan_path.png", "rewards-plan_path.png"] {
+        let image = image::open(out.join(chart)).unwrap().to_rgb8();
+        assert_eq!(image.dimensions(), (960, 480), "{chart}");
     }
 }
 
@@ -366,4 +384,47 @@ fn a_fork_of_iteration_1_replays_it_and_resumes_without_from() {
     assert!(again.contains("resuming"), "{again}");
     let (ok, _, stderr) = run(&["pipeline", "run", &config_f, "--from", &source(0)]);
     assert!(!ok && stderr.contains("different config"), "{stderr}");
+}
+
+#[test]
+fn a_replay_fork_regroups_the_same_turns_with_another_algorithm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, r, m) = (dir.path().join("a"), dir.path().join("r"), dir.path().join("m"));
+    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let with_grpo = |name: &str, run_dir: &Path, seed: u64| {
+        let path = write_config(dir.path(), name, run_dir, seed);
+        let text = std::fs::read_to_string(&path).unwrap().replace("{name: at_grpo}", "{name: grpo}");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let replay = format!("{}@1:group", a.display());
+
+    let (ok, _, stderr) = run(&["pipeline", "run", &with_grpo("m", &m, 6), "--from", &replay]);
+    assert!(!ok && stderr.contains("cannot replay iteration 1") && stderr.contains("seed differ"), "{stderr}");
+    let (ok, _, stderr) =
+        run(&["pipeline", "run", &with_grpo("m", &m, 6), "--from", &format!("{}@1:update", a.display())]);
+    assert!(!ok && stderr.contains("restarts at rollout"), "{stderr}");
+
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &with_grpo("r", &r, 5), "--from", &replay]);
+    assert!(ok, "{stdout}{stderr}");
+    let turns = |run_dir: &Path| {
+        sql_as(run_dir, "select * except (run) from turns where iteration = 1 order by candidate_id", "json")
+    };
+    assert_eq!(turns(&a), turns(&r), "the replayed turns are the source's, logprobs and timings included");
+    let reused = sql(&r, "select stage, model_seconds, reused_from from commits where reused_from is not null");
+    let source_marker = format!("{}/_commits/iteration=1/rollout.json", url_of(&a));
+    assert!(
+        reused.starts_with("stage,model_seconds,reused_from\nrollout,0.0,") && reused.contains(&source_marker),
+        "{reused}"
+    );
+    // GRPO groups whole tasks; AT-GRPO groups (task, agent, turn).
+    let agents = "select count(*) as n from groups where iteration = 1 and agent is not null";
+    assert_eq!(sql(&r, agents), "n\n0\n");
+    assert_ne!(sql(&a, agents), "n\n0\n");
+    let updates = "select count(*) as n from updates where iteration = 1";
+    assert_eq!(sql(&r, updates), sql(&a, updates), "the update trains on the replayed turns");
+}
+
+fn url_of(run_dir: &Path) -> String {
+    format!("file://{}", run_dir.display())
 }

@@ -1,0 +1,418 @@
+//! `petting compare`: held-out success of several runs side by side, one row per method
+//! and one column per task, averaged over the runs' seeds, with the difference to the
+//! untrained single agent of the same task.
+//!
+//! A run gives two kinds of rows: its version 0 (the untrained warm start, e.g. "MAS")
+//! and its final version (e.g. "MAS + AT-GRPO (shared)"), each in every evaluated mode.
+//! Runs that fork from another run's version 0 evaluate the same weights on the same
+//! tasks; such duplicates of a (row, task, seed) count once.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::config::{Algorithm, RunConfig, WorkflowKind};
+use crate::sql::RunSql;
+use crate::store::RunStore;
+
+use super::Error;
+use super::chart::{self, BarChart, Bars, LineChart, Series};
+use super::report::series;
+
+/// One run's evaluations and rewards, and what it is.
+#[derive(Debug, Clone)]
+pub struct RunResults {
+    pub url: String,
+    pub task: String,
+    pub seed: u64,
+    /// The version training ends with.
+    pub iterations: u32,
+    pub method: Method,
+    /// Success rate per evaluated version, one series per mode.
+    pub success: Vec<Series>,
+    /// Mean local reward of the sampled turns per iteration, one series per agent.
+    pub reward: Vec<Series>,
+}
+
+/// How a run trains: who plays, with which estimator, on which policies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Method {
+    pub single_agent: bool,
+    pub algorithm: Algorithm,
+    pub specialisation: Specialisation,
+    pub alpha: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Specialisation {
+    /// L0: one policy plays every role.
+    Shared,
+    /// L1: a LoRA adapter per role.
+    PerRoleLora,
+    /// L2: a full model per role.
+    PerRole,
+}
+
+impl Method {
+    pub fn of(config: &RunConfig) -> Method {
+        let policies: std::collections::BTreeSet<&str> = config.agents.values().map(|a| a.policy.as_str()).collect();
+        let lora = config.policies.values().any(|p| p.lora.is_some());
+        let specialisation = match (policies.len(), lora) {
+            (0 | 1, _) => Specialisation::Shared,
+            (_, true) => Specialisation::PerRoleLora,
+            (_, false) => Specialisation::PerRole,
+        };
+        Method {
+            single_agent: config.workflow.kind == WorkflowKind::SingleAgent,
+            algorithm: config.algorithm.name,
+            specialisation,
+            alpha: config.algorithm.alpha,
+        }
+    }
+
+    /// The table row of this method's `version` evaluated in `mode`, e.g. "MAS", "MAS +
+    /// AT-GRPO (shared)", "MAS + AT-GRPO (per-role), swapped".
+    pub fn row(&self, trained: bool, mode: &str) -> Row {
+        let team = if self.single_agent { "single agent" } else { "MAS" };
+        let specialisation = match (self.single_agent, self.specialisation) {
+            (true, _) => "",
+            (false, Specialisation::Shared) => " (shared)",
+            (false, Specialisation::PerRoleLora) => " (per-role LoRA)",
+            (false, Specialisation::PerRole) => " (per-role)",
+        };
+        let mut label = if trained {
+            let alpha = if self.alpha == 1.0 { String::new() } else { format!(" α={}", self.alpha) };
+            format!("{team} + {}{specialisation}{alpha}", algorithm_name(self.algorithm))
+        } else if self.specialisation == Specialisation::Shared {
+            team.to_string()
+        } else {
+            format!("{team}{specialisation}")
+        };
+        // A single-agent run's own workflow is its multi_agent mode.
+        let mode_rank = match mode {
+            "multi_agent" => 0,
+            "single_agent" if self.single_agent => 0,
+            "single_agent" => 1,
+            _ => 2,
+        };
+        match mode_rank {
+            0 => {}
+            1 => label.push_str(", first role alone"),
+            _ => label.push_str(&format!(", {mode}")),
+        }
+        Row { order: (!self.single_agent, trained, mode_rank), label }
+    }
+}
+
+/// The estimator as papers write it.
+pub fn algorithm_name(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::AtGrpo => "AT-GRPO",
+        Algorithm::Grpo => "GRPO",
+        Algorithm::DrGrpo => "Dr.GRPO",
+        Algorithm::Magrpo => "MAGRPO",
+        Algorithm::Marloo => "MARLOO",
+        Algorithm::Maremax => "MAReMax",
+    }
+}
+
+/// A row of the table; rows sort single agent first, untrained before trained.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Row {
+    order: (bool, bool, u8),
+    pub label: String,
+}
+
+/// Mean and sample standard deviation of a cell's seeds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cell {
+    pub mean: f64,
+    pub std: f64,
+    pub seeds: usize,
+}
+
+impl Cell {
+    fn of(values: &[f64]) -> Cell {
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let variance =
+            if values.len() > 1 { values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+        Cell { mean, std: variance.sqrt(), seeds: values.len() }
+    }
+}
+
+/// Rows × tasks of held-out success.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    pub tasks: Vec<String>,
+    pub rows: Vec<(Row, Vec<Option<Cell>>)>,
+}
+
+/// The row every Δ is measured against.
+pub const BASELINE: &str = "single agent";
+
+impl Table {
+    /// `mean(row) - mean(single agent)` of a task, when both exist.
+    pub fn delta(&self, row: usize, task: usize) -> Option<f64> {
+        let baseline = self.rows.iter().find(|(r, _)| r.label == BASELINE)?.1[task]?;
+        Some(self.rows[row].1[task]?.mean - baseline.mean)
+    }
+}
+
+/// The table of the runs' version 0 and final evaluations; a run whose final version is
+/// not evaluated yet gives only its untrained rows.
+pub fn table(runs: &[RunResults]) -> Table {
+    // (row, task) -> seed -> success; the first run to give a seed's value keeps it.
+    let mut values: BTreeMap<(Row, String), BTreeMap<u64, f64>> = BTreeMap::new();
+    for run in runs {
+        for mode in &run.success {
+            for &(version, success) in &mode.points {
+                let trained = match version {
+                    0 => false,
+                    v if v == i64::from(run.iterations) => true,
+                    _ => continue,
+                };
+                let row = run.method.row(trained, &mode.name);
+                values.entry((row, run.task.clone())).or_default().entry(run.seed).or_insert(success);
+            }
+        }
+    }
+    let mut tasks: Vec<String> = values.keys().map(|(_, task)| task.clone()).collect();
+    tasks.sort();
+    tasks.dedup();
+    let mut rows: Vec<(Row, Vec<Option<Cell>>)> = Vec::new();
+    for ((row, task), seeds) in values {
+        if rows.last().is_none_or(|(last, _)| *last != row) {
+            rows.push((row, vec![None; tasks.len()]));
+        }
+        let column = tasks.iter().position(|t| *t == task).expect("every task is a column");
+        let cells = &mut rows.last_mut().expect("just pushed").1;
+        cells[column] = Some(Cell::of(&seeds.into_values().collect::<Vec<_>>()));
+    }
+    Table { tasks, rows }
+}
+
+/// The table as aligned text, success in percent: `mean ± std (seeds) Δ`.
+pub fn render(table: &Table) -> String {
+    let mut cells: Vec<Vec<String>> = vec![std::iter::once("method".to_string()).chain(table.tasks.clone()).collect()];
+    for (index, (row, values)) in table.rows.iter().enumerate() {
+        let mut line = vec![row.label.clone()];
+        for (task, cell) in values.iter().enumerate() {
+            line.push(cell.map_or("-".to_string(), |c| {
+                let delta = table.delta(index, task).filter(|_| row.label != BASELINE);
+                let delta = delta.map_or(String::new(), |d| format!("  Δ {:+.1}", d * 100.0));
+                format!("{:.1} ± {:.1} ({}){delta}", c.mean * 100.0, c.std * 100.0, c.seeds)
+            }));
+        }
+        cells.push(line);
+    }
+    let widths: Vec<usize> =
+        (0..cells[0].len()).map(|c| cells.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for line in &cells {
+        let padded: Vec<String> = line.iter().zip(&widths).map(|(text, w)| format!("{text:<w$}")).collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    }
+    out
+}
+
+/// The table in long form: one line per (method, task).
+pub fn csv(table: &Table) -> String {
+    let mut out = String::from("method,task,success_mean,success_std,seeds,delta_vs_single_agent\n");
+    for (index, (row, values)) in table.rows.iter().enumerate() {
+        for (task, cell) in values.iter().enumerate() {
+            let Some(c) = cell else { continue };
+            let delta = table.delta(index, task).map_or(String::new(), |d| format!("{d:.4}"));
+            let _ =
+                writeln!(out, "\"{}\",{},{:.4},{:.4},{},{delta}", row.label, table.tasks[task], c.mean, c.std, c.seeds);
+        }
+    }
+    out
+}
+
+/// Reads a run's config, evaluations and rewards.
+pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
+    let text = store.run_config().await?.ok_or_else(|| Error::NotARun { url: store.url().to_string() })?;
+    let config = crate::config::parse(&text, &Path::new(store.url()).join(crate::store::layout::RUN_CONFIG))?;
+    let sql = RunSql::open(store).await?;
+    let has = |table: &str| sql.context().table_exist(table).unwrap_or(false);
+    let success = if has("evals") {
+        let query = "SELECT iteration AS x, mode AS series, avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS y \
+                     FROM evals GROUP BY iteration, mode";
+        series(&sql.query(query).await?.1)
+    } else {
+        Vec::new()
+    };
+    let reward = if has("turns") {
+        let query =
+            "SELECT iteration AS x, agent AS series, avg(local_reward) AS y FROM turns GROUP BY iteration, agent";
+        series(&sql.query(query).await?.1)
+    } else {
+        Vec::new()
+    };
+    Ok(RunResults {
+        url: store.url().to_string(),
+        task: config.env.name().to_string(),
+        seed: config.seed,
+        iterations: config.iterations,
+        method: Method::of(&config),
+        success,
+        reward,
+    })
+}
+
+/// Files `write_comparison` wrote.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub files: Vec<PathBuf>,
+}
+
+/// Writes `compare.csv`, `compare.png` (bars with the spread over seeds) and, per task,
+/// `curves-<task>.png` (success per version) and `rewards-<task>.png` (mean local
+/// reward per iteration and agent), each averaged over seeds per method.
+pub fn write_comparison(runs: &[RunResults], table: &Table, dir: &Path) -> Result<Written, Error> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Write { path: dir.display().to_string(), source })?;
+    let mut files = Vec::new();
+    let path = dir.join("compare.csv");
+    std::fs::write(&path, csv(table)).map_err(|source| Error::Write { path: path.display().to_string(), source })?;
+    files.push(path);
+
+    let bars: Vec<Bars> = table
+        .rows
+        .iter()
+        .map(|(row, cells)| Bars {
+            name: row.label.clone(),
+            values: cells.iter().map(|c| c.map(|c| (c.mean, c.std))).collect(),
+        })
+        .collect();
+    let path = dir.join("compare.png");
+    let chart = BarChart {
+        title: "Held-out success (mean ± std over seeds)",
+        y_label: "success rate",
+        groups: &table.tasks,
+        series: &bars,
+    };
+    chart::draw_bars_png(&chart, &path)?;
+    files.push(path);
+
+    for task in &table.tasks {
+        let of_task: Vec<&RunResults> = runs.iter().filter(|r| r.task == *task).collect();
+        let success = mean_curves(&of_task, |r| &r.success, |r, mode| r.method.row(true, mode).label);
+        let reward = mean_curves(
+            &of_task,
+            |r| &r.reward,
+            |r, agent| format!("{}: {agent}", r.method.row(true, "multi_agent").label),
+        );
+        for (file, title, y_label, curves, y_range) in [
+            (format!("curves-{task}.png"), "Held-out success per version", "success rate", success, Some(0.0..1.0)),
+            (format!("rewards-{task}.png"), "Mean local reward per iteration", "local reward", reward, None),
+        ] {
+            if curves.is_empty() {
+                continue;
+            }
+            let title = format!("{task}: {title}");
+            let path = dir.join(file);
+            let chart = LineChart { title: &title, x_label: "iteration", y_label, y_range, series: &curves };
+            chart::draw_png(&chart, &path)?;
+            files.push(path);
+        }
+    }
+    Ok(Written { files })
+}
+
+/// Series averaged over runs by name: the mean of the runs' values at each x.
+fn mean_curves(
+    runs: &[&RunResults],
+    series_of: impl Fn(&RunResults) -> &Vec<Series>,
+    name: impl Fn(&RunResults, &str) -> String,
+) -> Vec<Series> {
+    let mut sums: BTreeMap<String, BTreeMap<i64, (f64, usize)>> = BTreeMap::new();
+    for run in runs {
+        for s in series_of(run) {
+            let points = sums.entry(name(run, &s.name)).or_default();
+            for &(x, y) in &s.points {
+                let (sum, n) = points.entry(x).or_default();
+                *sum += y;
+                *n += 1;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|(name, points)| Series {
+            name,
+            points: points.into_iter().map(|(x, (sum, n))| (x, sum / n as f64)).collect(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn method(single_agent: bool, algorithm: Algorithm, specialisation: Specialisation) -> Method {
+        Method { single_agent, algorithm, specialisation, alpha: 1.0 }
+    }
+
+    fn run(method: Method, seed: u64, success: &[(&str, &[(i64, f64)])]) -> RunResults {
+        RunResults {
+            url: format!("runs/{seed}"),
+            task: "plan_path".into(),
+            seed,
+            iterations: 30,
+            method,
+            success: success
+                .iter()
+                .map(|(mode, points)| Series { name: mode.to_string(), points: points.to_vec() })
+                .collect(),
+            reward: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn rows_are_named_after_the_method_and_mode() {
+        let shared = method(false, Algorithm::AtGrpo, Specialisation::Shared);
+        assert_eq!(shared.row(false, "multi_agent").label, "MAS");
+        assert_eq!(shared.row(true, "multi_agent").label, "MAS + AT-GRPO (shared)");
+        assert_eq!(shared.row(true, "single_agent").label, "MAS + AT-GRPO (shared), first role alone");
+        let per_role = method(false, Algorithm::AtGrpo, Specialisation::PerRole);
+        assert_eq!(per_role.row(false, "multi_agent").label, "MAS (per-role)");
+        assert_eq!(per_role.row(true, "swapped").label, "MAS + AT-GRPO (per-role), swapped");
+        let alone = method(true, Algorithm::Grpo, Specialisation::Shared);
+        assert_eq!(alone.row(false, "single_agent").label, "single agent");
+        assert_eq!(alone.row(true, "multi_agent").label, "single agent + GRPO");
+        let half = Method { alpha: 0.5, ..method(false, Algorithm::Magrpo, Specialisation::PerRoleLora) };
+        assert_eq!(half.row(true, "multi_agent").label, "MAS + MAGRPO (per-role LoRA) α=0.5");
+    }
+
+    #[test]
+    fn cells_average_seeds_count_forked_duplicates_once_and_measure_delta() {
+        let alone = method(true, Algorithm::AtGrpo, Specialisation::Shared);
+        let team = method(false, Algorithm::AtGrpo, Specialisation::Shared);
+        let grpo = method(false, Algorithm::Grpo, Specialisation::Shared);
+        let runs = [
+            run(alone.clone(), 1, &[("single_agent", &[(0, 0.1), (10, 0.2), (30, 0.3)])]),
+            run(alone, 2, &[("single_agent", &[(0, 0.3), (30, 0.5)])]),
+            run(team.clone(), 1, &[("multi_agent", &[(0, 0.2), (30, 0.9)])]),
+            // Forked from seed 1's version 0: the same "MAS" value, which must count once.
+            run(grpo, 1, &[("multi_agent", &[(0, 0.2), (30, 0.6)])]),
+            // Unfinished: only its untrained row counts.
+            run(team, 2, &[("multi_agent", &[(0, 0.4), (10, 0.7)])]),
+        ];
+        let table = table(&runs);
+        let labels: Vec<&str> = table.rows.iter().map(|(r, _)| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["single agent", "single agent + AT-GRPO", "MAS", "MAS + AT-GRPO (shared)", "MAS + GRPO (shared)"]
+        );
+        let cell = |row: usize| table.rows[row].1[0].unwrap();
+        assert!((cell(0).mean - 0.2).abs() < 1e-12 && (cell(0).std - 0.02f64.sqrt()).abs() < 1e-12);
+        assert_eq!(cell(2).seeds, 2);
+        assert!((cell(2).mean - 0.3).abs() < 1e-12);
+        assert_eq!((cell(3).seeds, cell(3).std), (1, 0.0));
+        assert!((table.delta(3, 0).unwrap() - 0.7).abs() < 1e-12);
+        assert!((table.delta(0, 0).unwrap()).abs() < 1e-12);
+        let text = render(&table);
+        assert!(text.contains("MAS + AT-GRPO (shared)  90.0 ± 0.0 (1)  Δ +70.0"), "{text}");
+        assert!(csv(&table).contains("\"MAS + GRPO (shared)\",plan_path,0.6000,0.0000,1,0.4000\n"));
+    }
+}
