@@ -3,28 +3,33 @@
 #
 #   scripts/results.sh plan-path 1 2 3      # or sudoku, sokoban
 #
-# Per seed: the team with a shared policy trained with AT-GRPO (its v0 evaluations are
-# the untrained rows), the same team trained with plain GRPO forked from that run's v0 (the
-# same warm-started weights), the single agent, and the team with a full model per role.
-# Every run resumes where it stopped, so the script can be interrupted and started again.
-# PETTING selects the binary (default: target/release/petting).
+# Per seed: the team with a shared policy trained with AT-GRPO (its version 0 gives the
+# untrained "MAS" row); forked from that run's version 0, so on the same warm-started
+# weights, the team trained with plain GRPO, with a full model per role (L2) and, where
+# pipelines/<task>-lora.yaml exists, with a LoRA adapter per role (L1); and the single
+# agent, warm-started on its own demonstrations. Every run resumes where it stopped, so
+# the script can be interrupted and started again. PETTING selects the binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 task=$1
 shift
 petting=${PETTING:-target/release/petting}
-mkdir -p runs/results/logs
+mkdir -p runs/results-logs
 run() {
     local name=$1
     shift
     echo "== $name: $(date -Is)"
-    "$petting" pipeline run "$@" --set store="../runs/results/$name" >"runs/results/logs/$name.log" 2>&1 \
-        || { echo "$name failed; see runs/results/logs/$name.log"; return 1; }
-    tail -n 1 "runs/results/logs/$name.log"
+    "$petting" pipeline run "$@" --set store="../runs/results/$name" >"runs/results-logs/$name.log" 2>&1 \
+        || { echo "$name failed; see runs/results-logs/$name.log"; return 1; }
+    tail -n 1 "runs/results-logs/$name.log"
 }
 for seed in "$@"; do
+    base="runs/results/$task-s$seed@0"
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
-    run "$task-grpo-s$seed" "pipelines/$task-grpo.yaml" --set seed="$seed" --from "runs/results/$task-s$seed@0"
+    run "$task-grpo-s$seed" "pipelines/$task-grpo.yaml" --set seed="$seed" --from "$base"
+    run "$task-per-role-s$seed" "pipelines/$task-per-role.yaml" --set seed="$seed" --from "$base"
+    if [[ -f "pipelines/$task-lora.yaml" ]]; then
+        run "$task-lora-s$seed" "pipelines/$task-lora.yaml" --set seed="$seed" --from "$base"
+    fi
     run "$task-single-agent-s$seed" "pipelines/$task-single-agent.yaml" --set seed="$seed"
-    run "$task-per-role-s$seed" "pipelines/$task-per-role.yaml" --set seed="$seed"
 done

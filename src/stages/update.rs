@@ -200,7 +200,9 @@ pub async fn initialise(store: &RunStore, config: &RunConfig, progress: &dyn Pro
             (ModelInit::Scratch, Some(_)) => {
                 return Err(Error::Init {
                     policy: name.clone(),
-                    reason: "a LoRA adapter needs a pretrained base; use init: pretrained or drop lora".into(),
+                    reason: "a LoRA adapter needs a pretrained base: use init: pretrained, or fork the run from a \
+                             warm-started one (--from runs/plan-path@0), or drop lora"
+                        .into(),
                 });
             }
             (ModelInit::Scratch, None) => {
@@ -247,9 +249,32 @@ pub async fn check_fork(config: &RunConfig) -> Result<(), Error> {
     let Some(fork) = &config.fork else { return Ok(()) };
     let markers = RunStore::open(&fork.from)?.markers().await?;
     for name in config.policies.keys() {
-        checkpoints::find(&markers, name, fork.iteration).map_err(|e| fork_error(fork, e))?;
+        let source = fork_source(&source_policies(&markers, fork.iteration), name);
+        checkpoints::find(&markers, &source, fork.iteration).map_err(|e| fork_error(fork, e))?;
     }
     Ok(())
+}
+
+/// The policies the source committed a version `k` of.
+fn source_policies(markers: &[StoredMarker], k: u32) -> Vec<String> {
+    let mut names: Vec<String> = markers
+        .iter()
+        .flat_map(|m| &m.marker.checkpoints)
+        .filter(|c| c.version == k)
+        .map(|c| c.policy.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The source policy a fork's policy starts from: the one of the same name or, when
+/// the source has only one, that one (a shared policy specialised into one per role).
+fn fork_source(source: &[String], name: &str) -> String {
+    match source {
+        [only] if only != name => only.clone(),
+        _ => name.to_string(),
+    }
 }
 
 fn fork_error(fork: &ForkConfig, source: checkpoints::Error) -> Error {
@@ -257,23 +282,38 @@ fn fork_error(fork: &ForkConfig, source: checkpoints::Error) -> Error {
 }
 
 /// Commits the source run's version K of every policy as this run's version K. Every
-/// checkpoint is found and verified before anything is written.
+/// checkpoint is found and verified before anything is written. A full model forked
+/// into a policy with `lora` becomes the frozen base of a new adapter (L1 from a shared
+/// warm start).
 async fn initialise_from(store: &RunStore, config: &RunConfig, fork: &ForkConfig) -> Result<CommitMarker, Error> {
     let k = fork.iteration;
     let source = RunStore::open(&fork.from)?;
     let markers = source.markers().await?;
+    let source_names = source_policies(&markers, k);
     let mut fetched = Vec::new();
     for name in config.policies.keys() {
-        fetched.push(checkpoints::fetch(&source, &markers, name, k).await.map_err(|e| fork_error(fork, e))?);
+        let from = fork_source(&source_names, name);
+        let one = checkpoints::fetch(&source, &markers, &from, k).await.map_err(|e| fork_error(fork, e))?;
+        fetched.push(checkpoints::Fetched { name: name.clone(), ..one });
     }
     let mut writer = store.begin(StageId::run_level(Stage::Update));
     let mut saved = Vec::new();
     for fetched in fetched {
-        let base = match &fetched.base {
-            Some((_, dir)) => Some(checkpoints::save_base(&mut writer, &fetched.name, dir).await?),
-            None => None,
+        let policy_config = &config.policies[&fetched.name];
+        let loaded = match (&fetched.base, &policy_config.lora) {
+            (Some((_, dir)), _) => {
+                let base = Some(checkpoints::save_base(&mut writer, &fetched.name, dir).await?);
+                LoadedPolicy { base, ..checkpoints::open(config, fetched)? }
+            }
+            (None, Some(lora)) => {
+                let name = fetched.name.clone();
+                let base = checkpoints::save_base(&mut writer, &name, &fetched.dir).await?;
+                let mut policy = Policy::load(&fetched.dir, &load_options(policy_config))?;
+                policy.add_adapter(&name, lora, stream(&[config.seed, LORA_KEY, name_key(&name)]))?;
+                LoadedPolicy { name, version: k, weights_sha256: String::new(), policy, base: Some(base) }
+            }
+            (None, None) => checkpoints::open(config, fetched)?,
         };
-        let loaded = LoadedPolicy { base, ..checkpoints::open(config, fetched)? };
         saved.push(checkpoints::save(&mut writer, &loaded, k).await?);
     }
     let info = CommitInfo { checkpoints: saved, ..super::run_info(config) };
@@ -958,6 +998,16 @@ fn clip_grad_norm(variables: &[Tensor], max_norm: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::config::OptimizerConfig;
+
+    #[test]
+    fn a_fork_takes_the_policy_of_the_same_name_or_the_only_one() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(fork_source(&names(&["shared"]), "tool"), "shared");
+        assert_eq!(fork_source(&names(&["shared"]), "shared"), "shared");
+        assert_eq!(fork_source(&names(&["planner", "tool"]), "tool"), "tool");
+        // No match among several: the name itself, which the lookup then reports missing.
+        assert_eq!(fork_source(&names(&["a", "b"]), "tool"), "tool");
+    }
 
     #[test]
     fn the_tensor_loss_equals_the_pure_function() {

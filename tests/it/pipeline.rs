@@ -428,3 +428,30 @@ fn a_replay_fork_regroups_the_same_turns_with_another_algorithm() {
 fn url_of(run_dir: &Path) -> String {
     format!("file://{}", run_dir.display())
 }
+
+#[test]
+fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, l) = (dir.path().join("a"), dir.path().join("l"));
+    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let config = write_config(dir.path(), "l", &l, 5);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("optimizer: {lr: 1.0e-3}}", "optimizer: {lr: 1.0e-3}, lora: {rank: 4}}");
+    assert_eq!(text.matches("lora").count(), 2, "{text}");
+    std::fs::write(&config, text).unwrap();
+
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--from", &format!("{}@1", a.display())]);
+    assert!(ok, "{stdout}{stderr}");
+    // A fresh adapter is zero: iteration 1 samples exactly what the source sampled.
+    let turns = "select candidate_id, response_tokens, response_logprobs, local_reward from turns \
+                 where iteration = 1 order by 1";
+    assert_eq!(sql_as(&a, turns, "json"), sql_as(&l, turns, "json"));
+    // Every checkpoint of the fork is an adapter over its own copy of the forked weights.
+    let paths = sql(&l, "select path from checkpoints order by policy, version");
+    let dirs: Vec<&str> = paths.lines().skip(1).collect();
+    assert_eq!(dirs.len(), 4, "v1 and v2 of two policies: {paths}");
+    for checkpoint in dirs {
+        assert!(l.join(checkpoint).join("adapter_config.json").is_file(), "{checkpoint} is not an adapter");
+    }
+}
