@@ -4,8 +4,8 @@
 //!
 //! A run gives two kinds of rows: its version 0 (the untrained warm start, e.g. "MAS")
 //! and its final version (e.g. "MAS + AT-GRPO (shared)"), each in every evaluated mode.
-//! Runs that fork from another run's version 0 evaluate the same weights on the same
-//! tasks; such duplicates of a (row, task, seed) count once.
+//! A fork's first version is its source's, counted with the source, so a fork gives only
+//! trained rows; of two runs giving a (row, task, seed), the first counts.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,6 +28,8 @@ pub struct RunResults {
     /// The version training ends with.
     pub iterations: u32,
     pub method: Method,
+    /// Whether the run started from another run's checkpoints (`--from`).
+    pub forked: bool,
     /// Success rate per evaluated version, one series per mode.
     pub success: Vec<Series>,
     /// Mean local reward of the sampled turns per iteration, one series per agent.
@@ -168,6 +170,7 @@ pub fn table(runs: &[RunResults]) -> Table {
         for mode in &run.success {
             for &(version, success) in &mode.points {
                 let trained = match version {
+                    0 if run.forked => continue,
                     0 => false,
                     v if v == i64::from(run.iterations) => true,
                     _ => continue,
@@ -256,6 +259,7 @@ pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
         seed: config.seed,
         iterations: config.iterations,
         method: Method::of(&config),
+        forked: config.fork.is_some(),
         success,
         reward,
     })
@@ -353,13 +357,14 @@ mod tests {
         Method { single_agent, algorithm, specialisation, alpha: 1.0 }
     }
 
-    fn run(method: Method, seed: u64, success: &[(&str, &[(i64, f64)])]) -> RunResults {
+    fn run(method: Method, seed: u64, forked: bool, success: &[(&str, &[(i64, f64)])]) -> RunResults {
         RunResults {
             url: format!("runs/{seed}"),
             task: "plan_path".into(),
             seed,
             iterations: 30,
             method,
+            forked,
             success: success
                 .iter()
                 .map(|(mode, points)| Series { name: mode.to_string(), points: points.to_vec() })
@@ -390,13 +395,13 @@ mod tests {
         let team = method(false, Algorithm::AtGrpo, Specialisation::Shared);
         let grpo = method(false, Algorithm::Grpo, Specialisation::Shared);
         let runs = [
-            run(alone.clone(), 1, &[("single_agent", &[(0, 0.1), (10, 0.2), (30, 0.3)])]),
-            run(alone, 2, &[("single_agent", &[(0, 0.3), (30, 0.5)])]),
-            run(team.clone(), 1, &[("multi_agent", &[(0, 0.2), (30, 0.9)])]),
-            // Forked from seed 1's version 0: the same "MAS" value, which must count once.
-            run(grpo, 1, &[("multi_agent", &[(0, 0.2), (30, 0.6)])]),
+            run(alone.clone(), 1, false, &[("single_agent", &[(0, 0.1), (10, 0.2), (30, 0.3)])]),
+            run(alone, 2, false, &[("single_agent", &[(0, 0.3), (30, 0.5)])]),
+            // Forked from seed 1's version 0: its version 0 is that run's, already counted.
+            run(grpo, 1, true, &[("multi_agent", &[(0, 0.25), (30, 0.6)])]),
+            run(team.clone(), 1, false, &[("multi_agent", &[(0, 0.2), (30, 0.9)])]),
             // Unfinished: only its untrained row counts.
-            run(team, 2, &[("multi_agent", &[(0, 0.4), (10, 0.7)])]),
+            run(team, 2, false, &[("multi_agent", &[(0, 0.4), (10, 0.7)])]),
         ];
         let table = table(&runs);
         let labels: Vec<&str> = table.rows.iter().map(|(r, _)| r.label.as_str()).collect();
