@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -40,13 +41,9 @@ pub struct ChartError {
 
 /// Draws `chart` to a PNG file at `path`.
 pub fn draw_png(chart: &LineChart, path: &Path) -> Result<(), ChartError> {
-    register_font();
     let fail = |e: &dyn std::fmt::Display| ChartError { path: path.display().to_string(), message: e.to_string() };
-    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| fail(&e))?;
-    // The legend gets its own column, so it never hides a line.
-    let (plot_area, legend_area) =
-        root.split_horizontally(WIDTH - legend_width(chart.series.iter().map(|s| s.name.as_str())));
+    let (root, plot_area, legend_area) =
+        canvas(path, chart.series.iter().map(|s| s.name.as_str())).map_err(|e| fail(&e))?;
     let xs = x_range(chart.series);
     let ys = chart.y_range.clone().unwrap_or_else(|| y_range(chart.series));
     // One label per iteration while they fit, so no tick falls between two iterations.
@@ -99,12 +96,9 @@ pub struct Bars {
 
 /// Draws `chart` to a PNG file at `path`, with a y axis from 0 to 1 (fractions).
 pub fn draw_bars_png(chart: &BarChart, path: &Path) -> Result<(), ChartError> {
-    register_font();
     let fail = |e: &dyn std::fmt::Display| ChartError { path: path.display().to_string(), message: e.to_string() };
-    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let (plot_area, legend_area) =
-        root.split_horizontally(WIDTH - legend_width(chart.series.iter().map(|s| s.name.as_str())));
+    let (root, plot_area, legend_area) =
+        canvas(path, chart.series.iter().map(|s| s.name.as_str())).map_err(|e| fail(&e))?;
     let mut plot = ChartBuilder::on(&plot_area)
         .caption(chart.title, (FONT, 22))
         .margin(12)
@@ -144,6 +138,22 @@ pub fn draw_bars_png(chart: &BarChart, path: &Path) -> Result<(), ChartError> {
         root.draw(&Text::new(name.as_str(), (x, y + 8), style.clone())).map_err(|e| fail(&e))?;
     }
     root.present().map_err(|e| fail(&e))
+}
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+type AreaError<'a> = DrawingAreaErrorKind<<BitMapBackend<'a> as DrawingBackend>::ErrorType>;
+
+/// A white picture split into the plot and, to its right, a legend column as wide as the
+/// longest of `names` needs, so the legend never hides data.
+fn canvas<'a, 'n>(
+    path: &'a Path,
+    names: impl Iterator<Item = &'n str>,
+) -> Result<(Area<'a>, Area<'a>, Area<'a>), AreaError<'a>> {
+    register_font();
+    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (plot, legend) = root.split_horizontally(WIDTH - legend_width(names));
+    Ok((root, plot, legend))
 }
 
 /// Room for the longest name at 14 px (about 7.5 px a character), within limits that
