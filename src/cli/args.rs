@@ -389,4 +389,8 @@ pub struct CompareArgs {
     /// The folder to write compare.csv, compare.png and the learning curves into.
     #[arg(long, default_value = "comparison")]
     pub output: PathBuf,
+    /// Compare the trained rows at this version (an equal budget of iterations) instead of
+    /// each run's final version.
+    #[arg(long, value_name = "VERSION")]
+    pub at: Option<u32>,
 }

@@ -28,14 +28,13 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<()> {
         let store = RunStore::open(url)?;
         store.ensure_exists().await?;
         let run = compare::read_run(&store).await.with_context(|| format!("cannot compare {url}"))?;
-        let last = run.success.iter().flat_map(|s| &s.points).map(|p| p.0).max();
-        if last != Some(i64::from(run.iterations)) {
-            let at = last.map_or("nothing".to_string(), |v| format!("up to version {v}"));
-            eprintln!("note: {url} has evaluated {at} of {}; only its untrained rows count", run.iterations);
+        let trained = args.at.unwrap_or(run.iterations);
+        if !run.success.iter().flat_map(|s| &s.points).any(|p| p.0 == i64::from(trained)) {
+            eprintln!("note: {url} has no evaluation of version {trained}; only its untrained rows count");
         }
         runs.push(run);
     }
-    let table = compare::table(&runs);
+    let table = compare::table(&runs, args.at);
     print!("{}", compare::render(&table));
     let written = compare::write_comparison(&runs, &table, &args.output)?;
     println!("wrote {} files into {}", written.files.len(), args.output.display());

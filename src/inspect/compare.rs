@@ -161,9 +161,10 @@ impl Table {
     }
 }
 
-/// The table of the runs' version 0 and final evaluations; a run whose final version is
-/// not evaluated yet gives only its untrained rows.
-pub fn table(runs: &[RunResults]) -> Table {
+/// The table of the runs' version 0 and trained evaluations: version `at`, or each run's
+/// final version without it. A run whose trained version is not evaluated (yet) gives
+/// only its untrained rows.
+pub fn table(runs: &[RunResults], at: Option<u32>) -> Table {
     // (row, task) -> seed -> success; the first run to give a seed's value keeps it.
     let mut values: BTreeMap<(Row, String), BTreeMap<u64, f64>> = BTreeMap::new();
     for run in runs {
@@ -172,7 +173,7 @@ pub fn table(runs: &[RunResults]) -> Table {
                 let trained = match version {
                     0 if run.forked => continue,
                     0 => false,
-                    v if v == i64::from(run.iterations) => true,
+                    v if v == i64::from(at.unwrap_or(run.iterations)) => true,
                     _ => continue,
                 };
                 let row = run.method.row(trained, &mode.name);
@@ -403,7 +404,8 @@ mod tests {
             // Unfinished: only its untrained row counts.
             run(team, 2, false, &[("multi_agent", &[(0, 0.4), (10, 0.7)])]),
         ];
-        let table = table(&runs);
+        assert_eq!(table(&runs, Some(10)).rows[1].1[0].unwrap().mean, 0.2, "single agent + AT-GRPO at v10");
+        let table = table(&runs, None);
         let labels: Vec<&str> = table.rows.iter().map(|(r, _)| r.label.as_str()).collect();
         assert_eq!(
             labels,
