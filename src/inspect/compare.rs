@@ -97,12 +97,13 @@ impl Method {
             "single_agent" => 1,
             _ => 2,
         };
+        let method = label.clone();
         match mode_rank {
             0 => {}
             1 => label.push_str(", first role alone"),
             _ => label.push_str(&format!(", {mode}")),
         }
-        Row { order: (!self.single_agent, trained, mode_rank), label }
+        Row { order: (!self.single_agent, trained, method, mode_rank), label }
     }
 }
 
@@ -118,10 +119,11 @@ pub fn algorithm_name(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// A row of the table; rows sort single agent first, untrained before trained.
+/// A row of the table; rows sort single agent first, untrained before trained, and a
+/// method's other modes right after it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Row {
-    order: (bool, bool, u8),
+    order: (bool, bool, String, u8),
     pub label: String,
 }
 
