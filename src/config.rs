@@ -1096,7 +1096,6 @@ impl RunConfig {
         self.fork.as_ref().map_or(0, |f| f.iteration)
     }
 
-    /// The run's name: `name`, or the last segment of the store URL.
     /// The sections that decide what a rollout samples (given the weights) and that
     /// differ between two configs: a replay copies turns only between equal ones.
     pub fn sampling_differences(&self, other: &RunConfig) -> Vec<&'static str> {
@@ -1114,6 +1113,7 @@ impl RunConfig {
         sections.into_iter().filter(|(_, a, b)| a != b).map(|(name, _, _)| name).collect()
     }
 
+    /// The run's name: `name`, or the last segment of the store URL.
     pub fn run_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| {
             let trimmed = self.store.trim_end_matches('/');
