@@ -99,7 +99,7 @@ pub async fn pending(store: &RunStore, config: &RunConfig) -> Result<Vec<StageId
 pub fn worker_part(id: StageId, worker: Shard) -> Option<StageId> {
     match id.stage {
         _ if worker.count == 1 => Some(id),
-        Stage::Rollout | Stage::Evaluate => Some(id.with_shard(worker.index, worker.count)),
+        stage if stage.runs_in_shards() => Some(id.with_shard(worker.index, worker.count)),
         _ if worker.index == 0 => Some(id),
         _ => None,
     }

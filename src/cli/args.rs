@@ -240,6 +240,21 @@ pub enum StageName {
     Evaluate,
 }
 
+impl StageName {
+    /// The stage it runs (`init` is the run-level update).
+    pub fn stage(self) -> petting::store::Stage {
+        use petting::store::Stage;
+        match self {
+            StageName::PrepareData => Stage::PrepareData,
+            StageName::Init | StageName::Update => Stage::Update,
+            StageName::Rollout => Stage::Rollout,
+            StageName::Group => Stage::Group,
+            StageName::Advantage => Stage::Advantage,
+            StageName::Evaluate => Stage::Evaluate,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Parse and validate an iteration.yaml; print a summary.

@@ -94,7 +94,7 @@ pub fn plan(args: &PipelinePlanArgs) -> anyhow::Result<()> {
     let name = |id| if id == pipeline::INITIAL_UPDATE { "init".to_string() } else { stop_name(id) };
     for id in pipeline::schedule(&config) {
         let after = Some(pipeline::needs(&config, id).map_or("create".to_string(), name));
-        let shards = if matches!(id.stage, Stage::Rollout | Stage::Evaluate) { args.shards } else { 1 };
+        let shards = if id.stage.runs_in_shards() { args.shards } else { 1 };
         for index in 0..shards {
             let mut command = match id.iteration {
                 None if id.stage == Stage::Update => format!("petting stage init --run {url}"),

@@ -1,7 +1,7 @@
 use anyhow::Context;
 use petting::pipeline::{INITIAL_UPDATE, run_stage};
 use petting::stages::{self, prepare_data};
-use petting::store::{RunStore, Stage, StageId};
+use petting::store::{RunStore, StageId};
 
 use super::args::{StageArgs, StageName};
 
@@ -13,7 +13,7 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
         Ok(StageId { shard: args.shard, ..StageId::at(stage, k) })
     };
     let progress = &*super::progress::for_stderr();
-    if args.shard.is_some() && !matches!(args.stage, StageName::Rollout | StageName::Evaluate) {
+    if args.shard.is_some() && !args.stage.stage().runs_in_shards() {
         anyhow::bail!("--shard: only rollout and evaluate run in shards");
     }
     let marker = match args.stage {
@@ -29,11 +29,7 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
             prepared.marker
         }
         StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress).await?,
-        StageName::Rollout => run_stage(&store, &config, at(Stage::Rollout)?, progress).await?,
-        StageName::Group => run_stage(&store, &config, at(Stage::Group)?, progress).await?,
-        StageName::Advantage => run_stage(&store, &config, at(Stage::Advantage)?, progress).await?,
-        StageName::Update => run_stage(&store, &config, at(Stage::Update)?, progress).await?,
-        StageName::Evaluate => run_stage(&store, &config, at(Stage::Evaluate)?, progress).await?,
+        per_iteration => run_stage(&store, &config, at(per_iteration.stage())?, progress).await?,
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",

@@ -238,8 +238,7 @@ pub fn csv(table: &Table) -> String {
 
 /// Reads a run's config, evaluations and rewards.
 pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
-    let text = store.run_config().await?.ok_or_else(|| Error::NotARun { url: store.url().to_string() })?;
-    let config = crate::config::parse(&text, &Path::new(store.url()).join(crate::store::layout::RUN_CONFIG))?;
+    let config = crate::stages::run_config(store).await?;
     let sql = RunSql::open(store).await?;
     let has = |table: &str| sql.context().table_exist(table).unwrap_or(false);
     let success = if has("evals") {

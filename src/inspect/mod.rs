@@ -36,11 +36,8 @@ pub enum Error {
     #[error(transparent)]
     Chart(#[from] chart::ChartError),
 
-    #[error("{url} holds no run (no run.yaml)")]
-    NotARun { url: String },
-
     #[error(transparent)]
-    Config(#[from] crate::config::Error),
+    Stage(#[from] crate::stages::Error),
 
     #[error("cannot format a query result for the report: {0}")]
     Report(String),

@@ -17,22 +17,21 @@ pub fn replays(config: &RunConfig, iteration: u32) -> Option<&ForkConfig> {
 }
 
 /// Checks that the source can be replayed into a run with `config`: same sampling setup,
-/// and a committed rollout of iteration K.
-pub async fn check(config: &RunConfig, fork: &ForkConfig) -> Result<Vec<StoredMarker>, Error> {
+/// and a committed rollout of iteration K. Returns the source and that rollout's markers.
+pub async fn check(config: &RunConfig, fork: &ForkConfig) -> Result<(RunStore, Vec<StoredMarker>), Error> {
     let fail = |reason: String| Error::Replay { from: fork.from.clone(), iteration: fork.iteration, reason };
     let source = RunStore::open(&fork.from)?;
-    let text = source.run_config().await?.ok_or_else(|| fail("it holds no run.yaml".into()))?;
-    let source_config = crate::config::parse(&text, std::path::Path::new(&fork.from))?;
-    let differences = config.sampling_differences(&source_config);
+    let differences = config.sampling_differences(&super::run_config(&source).await?);
     if !differences.is_empty() {
         return Err(fail(format!(
             "replayed turns must be sampled as this run would sample them, but {} differ from the source's",
             differences.join(", ")
         )));
     }
-    source.committed(Stage::Rollout, Some(fork.iteration)).await?.ok_or_else(|| {
+    let markers = source.committed(Stage::Rollout, Some(fork.iteration)).await?.ok_or_else(|| {
         fail(format!("it has no committed rollout of iteration {}; replay needs one to copy", fork.iteration))
-    })
+    })?;
+    Ok((source, markers))
 }
 
 /// Commits the source's turns of iteration K (this shard's tasks) as this run's rollout.
@@ -44,7 +43,7 @@ pub async fn rollout(
 ) -> Result<CommitMarker, Error> {
     let k = fork.iteration;
     let stage = StageId { shard, ..StageId::at(Stage::Rollout, k) };
-    let source_markers = check(config, fork).await?;
+    let (source, source_markers) = check(config, fork).await?;
     let ours = store.markers().await?;
     let mut sampled_with = BTreeMap::new();
     for marker in &source_markers {
@@ -66,7 +65,6 @@ pub async fn rollout(
             sampled_with.insert(used.policy.clone(), used.clone());
         }
     }
-    let source = RunStore::open(&fork.from)?;
     let markers: Vec<&CommitMarker> = source_markers.iter().map(|m| &m.marker).collect();
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch: HashSet<String> =

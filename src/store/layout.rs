@@ -54,6 +54,12 @@ impl Stage {
         [Stage::PrepareData].into_iter().chain(Stage::PER_ITERATION).find(|s| s.name() == name)
     }
 
+    /// Whether the stage can be split into shards: rollout and evaluate play each task on
+    /// its own, every other stage reads the whole iteration.
+    pub fn runs_in_shards(self) -> bool {
+        matches!(self, Stage::Rollout | Stage::Evaluate)
+    }
+
     /// Whether the stage runs once per run rather than once per iteration.
     pub fn is_run_level(self) -> bool {
         matches!(self, Stage::PrepareData)
