@@ -132,6 +132,7 @@ fn random_ids(rows: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<i64>>
 }
 
 fn main() {
+    petting::allocator::keep_freed_memory(); // as the petting binary does
     let args = parse_args();
     tch::set_num_threads(2);
     let config_path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))

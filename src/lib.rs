@@ -4,6 +4,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod algo;
+pub mod allocator;
 pub mod config;
 pub mod envs;
 pub mod inspect;

@@ -1,5 +1,6 @@
 mod cli;
 
 fn main() -> std::process::ExitCode {
+    petting::allocator::keep_freed_memory();
     cli::main()
 }
