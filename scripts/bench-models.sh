@@ -12,6 +12,8 @@
 #       glibc variant ANCHORS.md describes (it applies to both sides).
 #   PROFILE: the cargo profile petting's side is built with (default bench, i.e. release;
 #       PROFILE=dev reuses the build the tests and the main command use).
+#   ROUNDS: run every (petting, transformers) pair this many times, alternating, so that
+#       a machine whose speed drifts over minutes slows both sides alike (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: scripts/bench-models.sh bench-tiny|bench-small [workload...]}
@@ -28,19 +30,21 @@ tag=${tag:-default}
 profile=${PROFILE:-bench}
 cargo bench --profile "$profile" --bench model --no-run --quiet
 quiet() { if [[ -n "${PY:-}" ]]; then (cd "$anchors" && "$PY" wait_quiet.py); fi; }
-for w in "${workloads[@]}"; do
-    quiet
-    echo "=== $(date +%T) petting $model $w" >&2
-    cargo bench --profile "$profile" --quiet --bench model -- --model "$model" --workload "$w" --out "$results" --tag "$tag"
-    if [[ "$w" == prefill ]]; then
+for round in $(seq 1 "${ROUNDS:-1}"); do
+    for w in "${workloads[@]}"; do
         quiet
-        cargo bench --profile "$profile" --quiet --bench model -- --model "$model" --workload prefill_keep1 --out "$results" --tag "$tag"
-    fi
-    [[ -n "${PY:-}" ]] || continue
-    quiet
-    echo "=== $(date +%T) transformers $model $w" >&2
-    case "$w" in
-        prefill|greedy|sampled) (cd "$anchors" && "$PY" bench_generate.py --model "$model" --mode "$w" --out "$results" --tag "$tag") ;;
-        ce|ppo) (cd "$anchors" && "$PY" bench_train.py --model "$model" --loss "$w" --out "$results" --tag "$tag") ;;
-    esac
+        echo "=== $(date +%T) round $round: petting $model $w" >&2
+        cargo bench --profile "$profile" --quiet --bench model -- --model "$model" --workload "$w" --out "$results" --tag "$tag"
+        if [[ "$w" == prefill ]]; then
+            quiet
+            cargo bench --profile "$profile" --quiet --bench model -- --model "$model" --workload prefill_keep1 --out "$results" --tag "$tag"
+        fi
+        [[ -n "${PY:-}" ]] || continue
+        quiet
+        echo "=== $(date +%T) round $round: transformers $model $w" >&2
+        case "$w" in
+            prefill|greedy|sampled) (cd "$anchors" && "$PY" bench_generate.py --model "$model" --mode "$w" --out "$results" --tag "$tag") ;;
+            ce|ppo) (cd "$anchors" && "$PY" bench_train.py --model "$model" --loss "$w" --out "$results" --tag "$tag") ;;
+        esac
+    done
 done
