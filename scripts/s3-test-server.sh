@@ -3,9 +3,15 @@
 # .venv) and prints the variables that point the tests at it; `stop` ends it.
 #
 #   eval "$(scripts/s3-test-server.sh start)"   ...   scripts/s3-test-server.sh stop
+#   scripts/s3-test-server.sh errors    # the server's own error lines, while it runs
 #
-# Everything binds to loopback; telemetry, WebDAV, the admin UI and the Iceberg/Lance
-# endpoints are off. Data lives in a temporary folder removed on stop.
+# Everything binds to loopback; telemetry and the Iceberg/Lance endpoints are off. Data
+# lives in a temporary folder removed on stop.
+#
+# `weed server` rather than `weed mini`: mini keeps the volume server's default floor of
+# 1% free disk, so on a large shared disk with a couple of GiB left (a CI machine after
+# the build) it refuses every write with a 500, though the tests need a few MiB. Here the
+# floor is 64 MiB and the volume count fixed instead of derived from the free space.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 state="$root/target/s3-test-server"
@@ -26,7 +32,7 @@ stop() {
 }
 
 free_base() {
-    # A base port B with B..B+4 and their gRPC twins (B+10000..) all free; B <= 55000.
+    # A base port B with B..B+3 and their gRPC twins (B+10000..) all free; B <= 55000.
     "$root/.venv/bin/python" - <<'PY'
 import random, socket
 def free(port):
@@ -37,8 +43,15 @@ def free(port):
             return False
 for _ in range(200):
     b = random.randrange(20000, 45000)
-    if all(free(p) and free(p + 10000) for p in range(b, b + 5)):
+    if all(free(p) and free(p + 10000) for p in range(b, b + 4)):
         print(b); break
+PY
+}
+
+create_bucket() {
+    "$root/.venv/bin/python" - "$1" <<'PY'
+import sys, urllib.request
+urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="PUT"), timeout=5)
 PY
 }
 
@@ -47,15 +60,16 @@ start)
     stop
     mkdir -p "$state/data"
     base="$(free_base)"
-    "$weed" mini -dir="$state/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-        -master.port="$base" -volume.port=$((base + 1)) -filer.port=$((base + 2)) \
-        -s3.port=$((base + 3)) -admin.port=$((base + 4)) \
-        -master.telemetry=false -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0 \
-        -bucket=petting-test >"$state/log" 2>&1 &
+    s3="http://127.0.0.1:$((base + 3))"
+    "$weed" server -dir="$state/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+        -master.port="$base" -volume.port=$((base + 1)) -filer -filer.port=$((base + 2)) \
+        -s3 -s3.port=$((base + 3)) -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false \
+        -master.volumeSizeLimitMB=64 -volume.max=64 -volume.minFreeSpace=64MiB \
+        >"$state/log" 2>&1 &
     echo $! >"$state/pid"
     for _ in $(seq 1 120); do
-        if grep -q "S3 Endpoint" "$state/log" 2>/dev/null; then
-            echo "export PETTING_TEST_S3_ENDPOINT=http://127.0.0.1:$((base + 3)) PETTING_TEST_S3_BUCKET=petting-test"
+        if create_bucket "$s3/petting-test" 2>/dev/null; then
+            echo "export PETTING_TEST_S3_ENDPOINT=$s3 PETTING_TEST_S3_BUCKET=petting-test"
             exit 0
         fi
         sleep 0.5
@@ -66,5 +80,6 @@ start)
     exit 1
     ;;
 stop) stop ;;
-*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+errors) grep -E '^[EF][0-9]{4} ' "$state/log" | tail -n 20 ;;
+*) echo "usage: $0 start|stop|errors" >&2; exit 2 ;;
 esac

@@ -15,4 +15,11 @@ eval "$(scripts/s3-test-server.sh start)"
 trap 'scripts/s3-test-server.sh stop' EXIT
 export PETTING_REQUIRE_S3=1
 
-cargo test --locked "$@"
+status=0
+cargo test --locked "$@" || status=$?
+if ((status != 0)); then
+    # The tests see only the S3 server's status codes; its own reasons are in its log.
+    echo "S3 test server, last errors:" >&2
+    scripts/s3-test-server.sh errors >&2 || true
+fi
+exit "$status"
