@@ -19,7 +19,7 @@ run() {
     local name=$1
     shift
     echo "== $name: $(date -Is)"
-    "$petting" pipeline run "$@" --set store="../runs/results/$name" >"runs/results-logs/$name.log" 2>&1 \
+    "$petting" pipeline run "$@" --set store="../runs/results/$name" >>"runs/results-logs/$name.log" 2>&1 \
         || { echo "$name failed; see runs/results-logs/$name.log"; return 1; }
     tail -n 1 "runs/results-logs/$name.log"
 }
