@@ -18,8 +18,19 @@ if [[ -f "$dest/build-version" && "$(cat "$dest/build-version")" == "$version" ]
     exit 0
 fi
 
+# The wheels (545 MB, twice while pip moves them) and the unpacked libraries (500 MB) are
+# written beside the checkout, pip's temporary files included: a small /tmp then cannot fail
+# the install, and the final mv is a rename.
+need_mib=1700
+free_mib=$(df --output=avail -m "$root" | tail -n 1 | tr -d ' ')
+if ((free_mib < need_mib)); then
+    echo "install-libtorch: needs about $need_mib MiB free on the disk of $root for the torch wheel and" \
+        "the unpacked libraries, and the build after it (scripts/test.sh) needs about 4 GiB more; df reports $free_mib MiB free" >&2
+    exit 1
+fi
+
 python="${PYTHON:-python3}"
-work="$(mktemp -d "${TMPDIR:-/tmp}/petting-libtorch.XXXXXX")"
+work="$(mktemp -d "$root/.libtorch.partial.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 cat > "$work/requirements.txt" <<REQ
@@ -28,10 +39,11 @@ nvidia-cuda-runtime==13.0.96 --hash=sha256:7f82250d7782aa23b6cfe765ecc7db554bd3c
 nvidia-cuda-cupti==13.0.85 --hash=sha256:4eb01c08e859bf924d222250d2e8f8b8ff6d3db4721288cf35d14252a4d933c8
 REQ
 
-echo "install-libtorch: downloading torch $version wheels from PyPI (about 545 MB, cached by pip)" >&2
+echo "install-libtorch: downloading torch $version wheels from PyPI (about 545 MB)" >&2
 # The wheel's libtorch is the same for every CPython; pinning the tag makes the hashes hold
-# whatever python3 this machine has.
-"$python" -m pip download --quiet --no-deps --only-binary=:all: \
+# whatever python3 this machine has. Without --no-cache-dir pip would also buffer the wheel
+# in a temporary file and keep a third copy in its cache.
+TMPDIR="$work" "$python" -m pip download --quiet --no-cache-dir --no-deps --only-binary=:all: \
     --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 --platform manylinux_2_25_x86_64 --platform manylinux_2_17_x86_64 \
     --require-hashes -r "$work/requirements.txt" -d "$work/wheels"
 
