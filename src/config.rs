@@ -349,6 +349,12 @@ pub struct WorkflowConfig {
     /// Turns per episode; within a turn every agent acts once, in the workflow's order.
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
+    /// Rollouts play each agent alone (tool_planner only): the planner sees nothing of
+    /// the tool agent and cannot adopt its answer, so each role learns as a single agent
+    /// would (the paper's "train in single agent, evaluate in MAS" ablation). Data, warm
+    /// start and the multi_agent evaluation still play the team.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alone: bool,
 }
 
 fn default_max_turns() -> u32 {
@@ -714,10 +720,13 @@ impl Default for EvaluationConfig {
 pub enum EvalMode {
     /// The environment's single-agent workflow, played by the first agent's policy.
     SingleAgent,
-    /// The configured workflow.
+    /// The configured workflow, its agents working together.
     MultiAgent,
     /// The configured workflow with the two roles' policies exchanged.
     Swapped,
+    /// The configured workflow with each agent acting alone, as `workflow.alone` trains
+    /// them (tool_planner only): success is the planner's own.
+    Alone,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -911,6 +920,14 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), Invalid> {
         check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
         self.validate_env()?;
+        check(
+            !self.workflow.alone || self.workflow.kind == WorkflowKind::ToolPlanner,
+            "workflow.alone",
+            format!(
+                "only tool_planner's agents can act alone; in {:?} each agent's turn needs the other's",
+                self.workflow.kind
+            ),
+        )?;
         self.validate_agents()?;
         for (name, policy) in &self.policies {
             policy.validate(&format!("policies.{name}"))?;
@@ -1087,6 +1104,11 @@ impl RunConfig {
             !e.modes.contains(&EvalMode::Swapped) || two_roles,
             "evaluation.modes",
             "swapped needs a workflow with two roles",
+        )?;
+        check(
+            !e.modes.contains(&EvalMode::Alone) || self.workflow.kind == WorkflowKind::ToolPlanner,
+            "evaluation.modes",
+            "alone needs the tool_planner workflow",
         )?;
         e.sampling.validate("evaluation.sampling")
     }
@@ -1297,6 +1319,21 @@ policies:
     fn a_workflow_must_fit_the_environment() {
         let message = error_of(&MINIMAL.replace("kind: tool_planner", "kind: coder_tester"));
         assert!(message.contains("workflow.kind: CoderTester cannot play plan_path"), "{message}");
+    }
+
+    #[test]
+    fn only_tool_and_planner_play_alone() {
+        let config = overridden(&["workflow.alone=true", "evaluation.modes=[multi_agent, alone]"]).unwrap();
+        assert!(config.workflow.alone);
+        assert_eq!(config.evaluation.modes, [EvalMode::MultiAgent, EvalMode::Alone]);
+        let single = MINIMAL.replace("kind: tool_planner", "kind: single_agent").replace(
+            "agents:\n  tool: {policy: shared}\n  planner: {policy: shared}",
+            "agents:\n  agent: {policy: shared}",
+        );
+        let message = error_of(&single.replace("kind: single_agent", "kind: single_agent, alone: true"));
+        assert!(message.contains("workflow.alone: only tool_planner's agents can act alone"), "{message}");
+        let message = error_of(&format!("{single}evaluation: {{modes: [alone]}}\n"));
+        assert!(message.contains("evaluation.modes: alone needs the tool_planner workflow"), "{message}");
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct Method {
     pub algorithm: Algorithm,
     pub specialisation: Specialisation,
     pub alpha: f64,
+    /// Rollouts played each agent alone (`workflow.alone`).
+    pub alone: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,18 +71,25 @@ impl Method {
             algorithm: config.algorithm.name,
             specialisation,
             alpha: config.algorithm.alpha,
+            alone: config.workflow.alone,
         }
     }
 
     /// The table row of this method's `version` evaluated in `mode`, e.g. "MAS", "MAS +
-    /// AT-GRPO (shared)", "MAS + AT-GRPO (per-role), swapped".
+    /// AT-GRPO (shared)", "MAS + AT-GRPO (per-role), swapped", "MAS + AT-GRPO (per-role,
+    /// trained alone)".
     pub fn row(&self, trained: bool, mode: &str) -> Row {
         let team = if self.single_agent { "single agent" } else { "MAS" };
         let specialisation = match (self.single_agent, self.specialisation) {
             (true, _) => "",
-            (false, Specialisation::Shared) => " (shared)",
-            (false, Specialisation::PerRoleLora) => " (per-role LoRA)",
-            (false, Specialisation::PerRole) => " (per-role)",
+            (false, Specialisation::Shared) => "shared",
+            (false, Specialisation::PerRoleLora) => "per-role LoRA",
+            (false, Specialisation::PerRole) => "per-role",
+        };
+        let specialisation = match (specialisation, trained && self.alone) {
+            ("", _) => String::new(),
+            (s, false) => format!(" ({s})"),
+            (s, true) => format!(" ({s}, trained alone)"),
         };
         let mut label = if trained {
             let alpha = if self.alpha == 1.0 { String::new() } else { format!(" α={}", self.alpha) };
@@ -98,9 +107,10 @@ impl Method {
             _ => 2,
         };
         let method = label.clone();
-        match mode_rank {
-            0 => {}
-            1 => label.push_str(", first role alone"),
+        match (mode_rank, mode) {
+            (0, _) => {}
+            (1, _) => label.push_str(", first role alone"),
+            (_, "alone") => label.push_str(", each agent alone"),
             _ => label.push_str(&format!(", {mode}")),
         }
         Row { order: (!self.single_agent, trained, method, mode_rank), label }
@@ -356,7 +366,7 @@ mod tests {
     use super::*;
 
     fn method(single_agent: bool, algorithm: Algorithm, specialisation: Specialisation) -> Method {
-        Method { single_agent, algorithm, specialisation, alpha: 1.0 }
+        Method { single_agent, algorithm, specialisation, alpha: 1.0, alone: false }
     }
 
     fn run(method: Method, seed: u64, forked: bool, success: &[(&str, &[(i64, f64)])]) -> RunResults {
@@ -389,6 +399,10 @@ mod tests {
         assert_eq!(alone.row(true, "multi_agent").label, "single agent + GRPO");
         let half = Method { alpha: 0.5, ..method(false, Algorithm::Magrpo, Specialisation::PerRoleLora) };
         assert_eq!(half.row(true, "multi_agent").label, "MAS + MAGRPO (per-role LoRA) α=0.5");
+        let apart = Method { alone: true, ..per_role };
+        assert_eq!(apart.row(false, "multi_agent").label, "MAS (per-role)", "its untrained policies are the team's");
+        assert_eq!(apart.row(true, "multi_agent").label, "MAS + AT-GRPO (per-role, trained alone)");
+        assert_eq!(apart.row(true, "alone").label, "MAS + AT-GRPO (per-role, trained alone), each agent alone");
     }
 
     #[test]

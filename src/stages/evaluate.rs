@@ -5,6 +5,10 @@
 //! * multi_agent: the configured workflow and agent→policy map.
 //! * single_agent: the environment's single-agent workflow, played by the first role's policy.
 //! * swapped: the configured workflow with the two roles' policies exchanged.
+//! * alone: the configured workflow with each agent acting alone (tool_planner).
+//!
+//! multi_agent and swapped play the agents together also where `workflow.alone` trains
+//! them apart: that is the paper's "train in single agent, evaluate in MAS".
 //!
 //! Sharding (`--shard i/n`) keeps the test tasks at positions i mod n; seeds are per task,
 //! so the shards together write the rows one unsharded evaluation writes.
@@ -96,6 +100,7 @@ pub fn mode_name(mode: EvalMode) -> &'static str {
         EvalMode::SingleAgent => "single_agent",
         EvalMode::MultiAgent => "multi_agent",
         EvalMode::Swapped => "swapped",
+        EvalMode::Alone => "alone",
     }
 }
 
@@ -103,7 +108,7 @@ fn plan(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Pl
     let configured = agent_policies(config);
     let roles = config.workflow.kind.roles();
     let (workflow, policies) = match mode {
-        EvalMode::MultiAgent => (config.workflow.kind, configured),
+        EvalMode::MultiAgent | EvalMode::Alone => (config.workflow.kind, configured),
         EvalMode::SingleAgent => {
             let first = configured[roles[0]].clone();
             (WorkflowKind::SingleAgent, HashMap::from([("agent".to_string(), first)]))
@@ -120,6 +125,7 @@ fn plan(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Pl
     Plan {
         workflow,
         max_turns: config.workflow.max_turns,
+        alone: mode == EvalMode::Alone,
         policies,
         mode: RolloutMode::Independent,
         k: config.evaluation.samples.max(1),

@@ -62,6 +62,8 @@ pub struct Game {
 pub struct Plan {
     pub workflow: WorkflowKind,
     pub max_turns: u32,
+    /// Each agent acts alone (see [`Episode::alone`]).
+    pub alone: bool,
     /// role -> policy
     pub policies: HashMap<String, String>,
     pub mode: RolloutMode,
@@ -166,7 +168,10 @@ pub fn play(
     let mut tracks = Vec::new();
     for (task_index, game) in games.iter().enumerate() {
         for episode_index in 0..plan.episodes_per_task() {
-            let episode = Episode::new(plan.workflow, game.env.clone(), plan.max_turns)?;
+            let mut episode = Episode::new(plan.workflow, game.env.clone(), plan.max_turns)?;
+            if plan.alone {
+                episode = episode.alone()?;
+            }
             tracks.push(Track { task_index, episode_index, episode, next_node: 0, parent: None, tokens: 0 });
         }
     }
@@ -441,6 +446,7 @@ mod tests {
         Plan {
             workflow: WorkflowKind::ToolPlanner,
             max_turns: 1,
+            alone: false,
             policies: HashMap::from([("tool".into(), "shared".into()), ("planner".into(), "shared".into())]),
             mode,
             k: 3,

@@ -139,6 +139,7 @@ pub fn plan(config: &RunConfig, iteration: u32) -> Plan {
     Plan {
         workflow: config.workflow.kind,
         max_turns: config.workflow.max_turns,
+        alone: config.workflow.alone,
         policies: agent_policies(config),
         mode: config.rollout.mode,
         k: config.rollout.k,

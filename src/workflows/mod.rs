@@ -30,6 +30,8 @@
 //!   tests.
 //! * two players (tic-tac-toe): the mover's reward from the game; an unreadable reply
 //!   forfeits.
+//! * alone (tool_planner): as above, but the planner sees nothing of the tool agent's
+//!   turn and cannot adopt its answer; each agent plays as a single agent would.
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
 
@@ -62,6 +64,8 @@ pub const ADOPT_TOOL_ANSWER: &str = "tool";
 pub enum Error {
     #[error("the {workflow:?} workflow cannot play {env}")]
     Unsupported { workflow: WorkflowKind, env: &'static str },
+    #[error("only tool_planner's agents can act alone, not {workflow:?}'s")]
+    NotAlone { workflow: WorkflowKind },
 }
 
 /// What one agent's reply did.
@@ -108,6 +112,8 @@ pub struct Episode {
     memory: Memory,
     /// Length of the history when this turn began.
     turn_start: usize,
+    /// Each agent acts alone: the tool agent's turn leaves no trace for the planner.
+    alone: bool,
 }
 
 impl Episode {
@@ -139,7 +145,16 @@ impl Episode {
             done: false,
             memory: Memory::default(),
             turn_start: 0,
+            alone: false,
         })
+    }
+
+    /// This episode with its agents acting alone (tool_planner only).
+    pub fn alone(self) -> Result<Episode, Error> {
+        if self.kind != WorkflowKind::ToolPlanner {
+            return Err(Error::NotAlone { workflow: self.kind });
+        }
+        Ok(Episode { alone: true, ..self })
     }
 
     /// The role that acts next, or None when the episode is over.
@@ -246,7 +261,12 @@ impl Episode {
             (None, None) => "no answer".into(),
         };
         let feedback = outcome.feedback.as_deref().map(|f| f.lines().last().unwrap_or("")).unwrap_or("");
-        self.memory.history.push(format!("Turn {}, {agent}: {} -> {feedback}", turn + 1, shorten(&summary, 120)));
+        if self.alone && agent == "tool" {
+            self.memory.tool_report = None;
+            self.memory.tool_answer = None;
+        } else {
+            self.memory.history.push(format!("Turn {}, {agent}: {} -> {feedback}", turn + 1, shorten(&summary, 120)));
+        }
 
         // Advance; the episode ends when the env or workflow says so, or after max_turns.
         self.done = outcome.done || self.env.done();

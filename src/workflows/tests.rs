@@ -62,6 +62,31 @@ fn tool_and_planner_play_plan_path_to_the_goal() {
 }
 
 #[test]
+fn agents_alone_keep_their_rewards_but_not_each_others_output() {
+    let sb = sandbox();
+    let mut episode = Episode::new(W::ToolPlanner, plan_path(), 2).unwrap().alone().unwrap();
+    let tool = episode.step(&python("print(bfs(grid, S, G))"), &sb);
+    assert!(close(tool.local_reward, 3.49), "the tool agent is still scored on a copy");
+
+    let prompt = episode.prompt();
+    assert!(prompt.starts_with("You are the planner of a team of two."), "{prompt}");
+    assert!(!prompt.contains("Its output"), "{prompt}");
+    let planner = episode.step("#### tool", &sb);
+    assert_ne!(planner.action.as_deref(), Some(r#"["R","R"]"#), "there is no tool answer to adopt");
+    assert!(!planner.done && !planner.success);
+
+    // Turn 2: the history shows the planner's own turn only.
+    episode.step(&python("print(bfs(grid, S, G))"), &sb);
+    let prompt = episode.prompt();
+    assert!(prompt.contains("Turn 1, planner: "), "{prompt}");
+    assert!(!prompt.contains("Turn 1, tool") && !prompt.contains("Turn 2, tool"), "{prompt}");
+    assert!(episode.step("#### RR", &sb).success);
+
+    let single = Episode::new(W::SingleAgent, plan_path(), 1).unwrap();
+    assert!(matches!(single.alone(), Err(Error::NotAlone { workflow: W::SingleAgent })));
+}
+
+#[test]
 fn a_wrong_tool_and_a_failing_program_are_shown_and_penalised() {
     let sb = sandbox();
     // S . # / . # G / . . .   greedy stops after one move; the planner finds its own way.

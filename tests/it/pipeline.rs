@@ -455,3 +455,25 @@ fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
         assert!(l.join(checkpoint).join("adapter_config.json").is_file(), "{checkpoint} is not an adapter");
     }
 }
+
+#[test]
+fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, s) = (dir.path().join("a"), dir.path().join("s"));
+    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let config = write_config(dir.path(), "s", &s, 5);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("max_turns: 1}", "max_turns: 1, alone: true}")
+        .replace("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone]");
+    std::fs::write(&config, text).unwrap();
+
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--from", &format!("{}@1", a.display())]);
+    assert!(ok, "{stdout}{stderr}");
+    let reports = "select count(*) as n from turns where agent = 'planner' \
+                   and (prompt_message like '%tool agent wrote no program%' or prompt_message like '%Its output:%')";
+    assert_ne!(sql(&a, reports), "n\n0\n", "the team's planner reads the tool agent's report");
+    assert_eq!(sql(&s, reports), "n\n0\n", "alone, it never does");
+    let modes = "select iteration, mode, count(*) as n from evals group by 1, 2 order by 1, 2";
+    assert_eq!(sql(&s, modes), "iteration,mode,n\n1,alone,4\n1,multi_agent,4\n2,alone,4\n2,multi_agent,4\n");
+}
