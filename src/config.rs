@@ -387,6 +387,12 @@ impl WorkflowKind {
             WorkflowKind::TwoPlayers => &["player_x", "player_o"],
         }
     }
+
+    /// Whether the agents can act alone (`workflow.alone`, evaluation mode `alone`): only
+    /// where no agent's turn needs the other's.
+    pub fn can_act_alone(self) -> bool {
+        self == WorkflowKind::ToolPlanner
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -921,7 +927,7 @@ impl RunConfig {
         check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
         self.validate_env()?;
         check(
-            !self.workflow.alone || self.workflow.kind == WorkflowKind::ToolPlanner,
+            !self.workflow.alone || self.workflow.kind.can_act_alone(),
             "workflow.alone",
             format!(
                 "only tool_planner's agents can act alone; in {:?} each agent's turn needs the other's",
@@ -1106,7 +1112,7 @@ impl RunConfig {
             "swapped needs a workflow with two roles",
         )?;
         check(
-            !e.modes.contains(&EvalMode::Alone) || self.workflow.kind == WorkflowKind::ToolPlanner,
+            !e.modes.contains(&EvalMode::Alone) || self.workflow.kind.can_act_alone(),
             "evaluation.modes",
             "alone needs the tool_planner workflow",
         )?;

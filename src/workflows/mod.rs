@@ -151,7 +151,7 @@ impl Episode {
 
     /// This episode with its agents acting alone (tool_planner only).
     pub fn alone(self) -> Result<Episode, Error> {
-        if self.kind != WorkflowKind::ToolPlanner {
+        if !self.kind.can_act_alone() {
             return Err(Error::NotAlone { workflow: self.kind });
         }
         Ok(Episode { alone: true, ..self })
