@@ -36,6 +36,18 @@ evaluation: {{every: 1, tasks: 4, modes: [multi_agent, single_agent], sampling: 
     path.to_string_lossy().into_owned()
 }
 
+/// `write_config` with each `(from, to)` replaced in the written file.
+fn write_edited_config(dir: &Path, name: &str, run_dir: &Path, seed: u64, edits: &[(&str, &str)]) -> String {
+    let path = write_config(dir, name, run_dir, seed);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = edits.iter().fold(text, |text, (from, to)| {
+        assert!(text.contains(from), "{from:?} is not in the test config");
+        text.replace(from, to)
+    });
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 fn sql(run_dir: &Path, query: &str) -> String {
     sql_as(run_dir, query, "csv")
 }
@@ -392,10 +404,7 @@ fn a_replay_fork_regroups_the_same_turns_with_another_algorithm() {
     let (a, r, m) = (dir.path().join("a"), dir.path().join("r"), dir.path().join("m"));
     pipeline(&write_config(dir.path(), "a", &a, 5));
     let with_grpo = |name: &str, run_dir: &Path, seed: u64| {
-        let path = write_config(dir.path(), name, run_dir, seed);
-        let text = std::fs::read_to_string(&path).unwrap().replace("{name: at_grpo}", "{name: grpo}");
-        std::fs::write(&path, text).unwrap();
-        path
+        write_edited_config(dir.path(), name, run_dir, seed, &[("{name: at_grpo}", "{name: grpo}")])
     };
     let replay = format!("{}@1:group", a.display());
 
@@ -434,12 +443,15 @@ fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
     let dir = tempfile::tempdir().unwrap();
     let (a, l) = (dir.path().join("a"), dir.path().join("l"));
     pipeline(&write_config(dir.path(), "a", &a, 5));
-    let config = write_config(dir.path(), "l", &l, 5);
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("optimizer: {lr: 1.0e-3}}", "optimizer: {lr: 1.0e-3}, lora: {rank: 4}}");
+    let config = write_edited_config(
+        dir.path(),
+        "l",
+        &l,
+        5,
+        &[("optimizer: {lr: 1.0e-3}}", "optimizer: {lr: 1.0e-3}, lora: {rank: 4}}")],
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
     assert_eq!(text.matches("lora").count(), 2, "{text}");
-    std::fs::write(&config, text).unwrap();
 
     let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--from", &format!("{}@1", a.display())]);
     assert!(ok, "{stdout}{stderr}");
@@ -461,12 +473,11 @@ fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together()
     let dir = tempfile::tempdir().unwrap();
     let (a, s) = (dir.path().join("a"), dir.path().join("s"));
     pipeline(&write_config(dir.path(), "a", &a, 5));
-    let config = write_config(dir.path(), "s", &s, 5);
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("max_turns: 1}", "max_turns: 1, alone: true}")
-        .replace("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone]");
-    std::fs::write(&config, text).unwrap();
+    let edits = [
+        ("max_turns: 1}", "max_turns: 1, alone: true}"),
+        ("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone]"),
+    ];
+    let config = write_edited_config(dir.path(), "s", &s, 5, &edits);
 
     let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--from", &format!("{}@1", a.display())]);
     assert!(ok, "{stdout}{stderr}");
