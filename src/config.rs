@@ -388,8 +388,8 @@ impl WorkflowKind {
         }
     }
 
-    /// Whether the agents can act alone (`workflow.alone`, evaluation mode `alone`): only
-    /// where no agent's turn needs the other's.
+    /// Whether the agents can act alone (`workflow.alone`, evaluation modes `alone` and
+    /// `tool_alone`): only where no agent's turn needs the other's.
     pub fn can_act_alone(self) -> bool {
         self == WorkflowKind::ToolPlanner
     }
@@ -733,6 +733,9 @@ pub enum EvalMode {
     /// The configured workflow with each agent acting alone, as `workflow.alone` trains
     /// them (tool_planner only): success is the planner's own.
     Alone,
+    /// The same episodes, but success is the tool agent's own: its latest printed answer,
+    /// simulated on the state it saw, solves the task (tool_planner only).
+    ToolAlone,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1112,9 +1115,10 @@ impl RunConfig {
             "swapped needs a workflow with two roles",
         )?;
         check(
-            !e.modes.contains(&EvalMode::Alone) || self.workflow.kind.can_act_alone(),
+            !e.modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone))
+                || self.workflow.kind.can_act_alone(),
             "evaluation.modes",
-            "alone needs the tool_planner workflow",
+            "alone and tool_alone need the tool_planner workflow",
         )?;
         e.sampling.validate("evaluation.sampling")
     }
@@ -1329,17 +1333,19 @@ policies:
 
     #[test]
     fn only_tool_and_planner_play_alone() {
-        let config = overridden(&["workflow.alone=true", "evaluation.modes=[multi_agent, alone]"]).unwrap();
+        let config = overridden(&["workflow.alone=true", "evaluation.modes=[multi_agent, alone, tool_alone]"]).unwrap();
         assert!(config.workflow.alone);
-        assert_eq!(config.evaluation.modes, [EvalMode::MultiAgent, EvalMode::Alone]);
+        assert_eq!(config.evaluation.modes, [EvalMode::MultiAgent, EvalMode::Alone, EvalMode::ToolAlone]);
         let single = MINIMAL.replace("kind: tool_planner", "kind: single_agent").replace(
             "agents:\n  tool: {policy: shared}\n  planner: {policy: shared}",
             "agents:\n  agent: {policy: shared}",
         );
         let message = error_of(&single.replace("kind: single_agent", "kind: single_agent, alone: true"));
         assert!(message.contains("workflow.alone: only tool_planner's agents can act alone"), "{message}");
-        let message = error_of(&format!("{single}evaluation: {{modes: [alone]}}\n"));
-        assert!(message.contains("evaluation.modes: alone needs the tool_planner workflow"), "{message}");
+        for mode in ["alone", "tool_alone"] {
+            let message = error_of(&format!("{single}evaluation: {{modes: [{mode}]}}\n"));
+            assert!(message.contains("evaluation.modes: alone and tool_alone need the tool_planner"), "{message}");
+        }
     }
 
     #[test]

@@ -110,7 +110,8 @@ impl Method {
         match (mode_rank, mode) {
             (0, _) => {}
             (1, _) => label.push_str(", first role alone"),
-            (_, "alone") => label.push_str(", each agent alone"),
+            (_, "alone") => label.push_str(", the planner alone"),
+            (_, "tool_alone") => label.push_str(", the tool agent alone"),
             _ => label.push_str(&format!(", {mode}")),
         }
         Row { order: (!self.single_agent, trained, method, mode_rank), label }
@@ -402,7 +403,11 @@ mod tests {
         let apart = Method { alone: true, ..per_role };
         assert_eq!(apart.row(false, "multi_agent").label, "MAS (per-role)", "its untrained policies are the team's");
         assert_eq!(apart.row(true, "multi_agent").label, "MAS + AT-GRPO (per-role, trained alone)");
-        assert_eq!(apart.row(true, "alone").label, "MAS + AT-GRPO (per-role, trained alone), each agent alone");
+        assert_eq!(apart.row(true, "alone").label, "MAS + AT-GRPO (per-role, trained alone), the planner alone");
+        assert_eq!(
+            apart.row(true, "tool_alone").label,
+            "MAS + AT-GRPO (per-role, trained alone), the tool agent alone"
+        );
     }
 
     #[test]

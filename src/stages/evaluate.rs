@@ -5,7 +5,9 @@
 //! * multi_agent: the configured workflow and agent→policy map.
 //! * single_agent: the environment's single-agent workflow, played by the first role's policy.
 //! * swapped: the configured workflow with the two roles' policies exchanged.
-//! * alone: the configured workflow with each agent acting alone (tool_planner).
+//! * alone: the configured workflow with each agent acting alone (tool_planner); success
+//!   is the planner's.
+//! * tool_alone: the same episodes; success is the tool agent's own answer.
 //!
 //! multi_agent and swapped play the agents together also where `workflow.alone` trains
 //! them apart: that is the paper's "train in single agent, evaluate in MAS".
@@ -78,7 +80,7 @@ pub async fn run(
             mode: mode_name(mode).to_string(),
             sample: f.episode,
             policies: policies.clone(),
-            success: f.success,
+            success: if mode == EvalMode::ToolAlone { f.tool_success } else { f.success },
             reward: f.team_reward,
             turns: f.turns,
             tokens: f.tokens,
@@ -101,6 +103,7 @@ pub fn mode_name(mode: EvalMode) -> &'static str {
         EvalMode::MultiAgent => "multi_agent",
         EvalMode::Swapped => "swapped",
         EvalMode::Alone => "alone",
+        EvalMode::ToolAlone => "tool_alone",
     }
 }
 
@@ -108,7 +111,7 @@ fn plan(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Pl
     let configured = agent_policies(config);
     let roles = config.workflow.kind.roles();
     let (workflow, policies) = match mode {
-        EvalMode::MultiAgent | EvalMode::Alone => (config.workflow.kind, configured),
+        EvalMode::MultiAgent | EvalMode::Alone | EvalMode::ToolAlone => (config.workflow.kind, configured),
         EvalMode::SingleAgent => {
             let first = configured[roles[0]].clone();
             (WorkflowKind::SingleAgent, HashMap::from([("agent".to_string(), first)]))
@@ -125,7 +128,7 @@ fn plan(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Pl
     Plan {
         workflow,
         max_turns: config.workflow.max_turns,
-        alone: mode == EvalMode::Alone,
+        alone: matches!(mode, EvalMode::Alone | EvalMode::ToolAlone),
         policies,
         mode: RolloutMode::Independent,
         k: config.evaluation.samples.max(1),

@@ -111,6 +111,8 @@ pub struct Finished {
     pub task_index: usize,
     pub episode: u32,
     pub success: bool,
+    /// The tool agent's latest answer solved the task on its own (see [`Episode::tool_success`]).
+    pub tool_success: bool,
     pub team_reward: f64,
     pub turns: u32,
     pub tokens: u64,
@@ -232,6 +234,7 @@ pub fn play(
             task_index: t.task_index,
             episode: t.episode_index,
             success: t.episode.success(),
+            tool_success: t.episode.tool_success(),
             team_reward: t.episode.env().team_reward(),
             turns: t.episode.turn(),
             tokens: t.tokens,
@@ -515,6 +518,22 @@ mod tests {
         assert_eq!(tokens, played.candidates.iter().map(|c| c.reply.tokens.len() as u64).sum::<u64>());
         assert_eq!(steps, 2, "a tool step, then a planner step");
         assert!(played.sandbox_seconds > 0.0, "the tool programs ran in the sandbox");
+    }
+
+    #[test]
+    fn alone_the_tool_agent_keeps_its_success_and_the_planner_has_nothing_to_copy() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let together = plan(RolloutMode::Independent);
+        let apart = Plan { alone: true, ..together.clone() };
+        let team = play(&games(), &together, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
+        let alone = play(&games(), &apart, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
+        let successes = |f: &[Finished], tool: bool| -> Vec<bool> {
+            f.iter().map(|f| if tool { f.tool_success } else { f.success }).collect()
+        };
+        assert!(successes(&team, false).contains(&true), "{team:?}");
+        assert_eq!(successes(&team, true), successes(&team, false), "the planner copies the tool's answer");
+        assert_eq!(successes(&alone, true), successes(&team, true), "the same tool replies");
+        assert!(!successes(&alone, false).contains(&true), "{alone:?}");
     }
 
     #[test]

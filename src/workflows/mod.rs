@@ -114,6 +114,8 @@ pub struct Episode {
     turn_start: usize,
     /// Each agent acts alone: the tool agent's turn leaves no trace for the planner.
     alone: bool,
+    /// The tool agent's latest answer solves the task (simulated on the state it saw).
+    tool_solved: bool,
 }
 
 impl Episode {
@@ -146,6 +148,7 @@ impl Episode {
             memory: Memory::default(),
             turn_start: 0,
             alone: false,
+            tool_solved: false,
         })
     }
 
@@ -181,6 +184,12 @@ impl Episode {
 
     pub fn success(&self) -> bool {
         self.env.success()
+    }
+
+    /// Whether the tool agent's latest answer, on its own, solves the task: what it is
+    /// worth as a single agent, whatever the teammate makes of it.
+    pub fn tool_success(&self) -> bool {
+        self.tool_solved
     }
 
     /// The history lines a prompt shows. Where the workflow hands this turn's earlier
@@ -338,6 +347,7 @@ impl Episode {
     fn tool_step(&mut self, reply: &str, run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
         let mut outcome = blank();
         self.memory.tool_answer = None;
+        self.tool_solved = false;
         let (Some(code), Some(run)) = (extract_program(reply), run) else {
             outcome.parse_error = Some("no program found; put it in a ```python block".into());
             outcome.local_reward = NO_ANSWER;
@@ -357,8 +367,9 @@ impl Episode {
         match &self.env {
             AnyEnv::Math(math) => {
                 let answer = if run.ok() { extract_output_answer(&run.stdout) } else { None };
+                self.tool_solved = answer.as_ref().is_some_and(|a| math.is_correct(a));
                 outcome.local_reward = match &answer {
-                    Some(a) if math.is_correct(a) => 1.0,
+                    Some(_) if self.tool_solved => 1.0,
                     Some(_) => 0.0,
                     None => NO_ANSWER,
                 };
@@ -377,6 +388,7 @@ impl Episode {
                     (Ok(action), Some(step)) => {
                         outcome.action = Some(action);
                         outcome.local_reward = step.reward;
+                        self.tool_solved = copy.success();
                         self.memory.tool_answer = Some(run.stdout.trim().to_string());
                     }
                     (Err(error), _) => {

@@ -67,6 +67,7 @@ fn agents_alone_keep_their_rewards_but_not_each_others_output() {
     let mut episode = Episode::new(W::ToolPlanner, plan_path(), 2).unwrap().alone().unwrap();
     let tool = episode.step(&python("print(bfs(grid, S, G))"), &sb);
     assert!(close(tool.local_reward, 3.49), "the tool agent is still scored on a copy");
+    assert!(episode.tool_success() && !episode.success(), "its answer solves the task, but only on the copy");
 
     let prompt = episode.prompt();
     assert!(prompt.starts_with("You are the planner of a team of two."), "{prompt}");
@@ -95,6 +96,7 @@ fn a_wrong_tool_and_a_failing_program_are_shown_and_penalised() {
     let mut episode = Episode::new(W::ToolPlanner, env, 2).unwrap();
     let tool = episode.step(&python("print(greedy(grid, S, G))"), &sb);
     assert_eq!(tool.action.as_deref(), Some(r#"["R"]"#));
+    assert!(!episode.tool_success());
     let planner = episode.step("#### D", &sb);
     assert!(!planner.done);
     assert_eq!(episode.turn(), 1);

@@ -475,7 +475,7 @@ fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together()
     pipeline(&write_config(dir.path(), "a", &a, 5));
     let edits = [
         ("max_turns: 1}", "max_turns: 1, alone: true}"),
-        ("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone]"),
+        ("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone, tool_alone]"),
     ];
     let config = write_edited_config(dir.path(), "s", &s, 5, &edits);
 
@@ -486,5 +486,7 @@ fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together()
     assert_ne!(sql(&a, reports), "n\n0\n", "the team's planner reads the tool agent's report");
     assert_eq!(sql(&s, reports), "n\n0\n", "alone, it never does");
     let modes = "select iteration, mode, count(*) as n from evals group by 1, 2 order by 1, 2";
-    assert_eq!(sql(&s, modes), "iteration,mode,n\n1,alone,4\n1,multi_agent,4\n2,alone,4\n2,multi_agent,4\n");
+    let evaluated = "iteration,mode,n\n1,alone,4\n1,multi_agent,4\n1,tool_alone,4\n\
+                     2,alone,4\n2,multi_agent,4\n2,tool_alone,4\n";
+    assert_eq!(sql(&s, modes), evaluated);
 }
