@@ -349,13 +349,17 @@ pub struct WorkflowConfig {
     /// Turns per episode; within a turn every agent acts once, in the workflow's order.
     #[serde(default = "default_max_turns")]
     pub max_turns: u32,
-    /// Rollouts play each agent alone (tool_planner only): the planner sees nothing of
+    /// Rollouts play each agent alone (tool_planner, max_turns 1): the planner sees nothing of
     /// the tool agent and cannot adopt its answer, so each role learns as a single agent
     /// would (the paper's "train in single agent, evaluate in MAS" ablation). Data, warm
     /// start and the multi_agent evaluation still play the team.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alone: bool,
 }
+
+/// Why agents act alone in one turn only: they share the environment's state.
+const ALONE_OVER_TURNS: &str = "acting alone needs workflow.max_turns: 1; over more turns the planner's \
+     moves reach the tool agent through the state they share, so neither would be alone";
 
 fn default_max_turns() -> u32 {
     4
@@ -937,6 +941,7 @@ impl RunConfig {
                 self.workflow.kind
             ),
         )?;
+        check(!self.workflow.alone || self.workflow.max_turns == 1, "workflow.alone", ALONE_OVER_TURNS)?;
         self.validate_agents()?;
         for (name, policy) in &self.policies {
             policy.validate(&format!("policies.{name}"))?;
@@ -1114,12 +1119,13 @@ impl RunConfig {
             "evaluation.modes",
             "swapped needs a workflow with two roles",
         )?;
+        let alone = e.modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone));
         check(
-            !e.modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone))
-                || self.workflow.kind.can_act_alone(),
+            !alone || self.workflow.kind.can_act_alone(),
             "evaluation.modes",
             "alone and tool_alone need the tool_planner workflow",
         )?;
+        check(!alone || self.workflow.max_turns == 1, "evaluation.modes", ALONE_OVER_TURNS)?;
         e.sampling.validate("evaluation.sampling")
     }
 
@@ -1332,8 +1338,9 @@ policies:
     }
 
     #[test]
-    fn only_tool_and_planner_play_alone() {
-        let config = overridden(&["workflow.alone=true", "evaluation.modes=[multi_agent, alone, tool_alone]"]).unwrap();
+    fn only_tool_and_planner_play_alone_and_in_one_turn() {
+        let modes = "evaluation.modes=[multi_agent, alone, tool_alone]";
+        let config = overridden(&["workflow.alone=true", "workflow.max_turns=1", modes]).unwrap();
         assert!(config.workflow.alone);
         assert_eq!(config.evaluation.modes, [EvalMode::MultiAgent, EvalMode::Alone, EvalMode::ToolAlone]);
         let single = MINIMAL.replace("kind: tool_planner", "kind: single_agent").replace(
@@ -1345,6 +1352,12 @@ policies:
         for mode in ["alone", "tool_alone"] {
             let message = error_of(&format!("{single}evaluation: {{modes: [{mode}]}}\n"));
             assert!(message.contains("evaluation.modes: alone and tool_alone need the tool_planner"), "{message}");
+        }
+        for (set, key) in
+            [("workflow.alone=true", "workflow.alone"), ("evaluation.modes=[tool_alone]", "evaluation.modes")]
+        {
+            let message = overridden(&[set, "workflow.max_turns=2"]).unwrap_err().to_string();
+            assert!(message.contains(&format!("{key}: acting alone needs workflow.max_turns: 1")), "{message}");
         }
     }
 

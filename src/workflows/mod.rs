@@ -30,7 +30,7 @@
 //!   tests.
 //! * two players (tic-tac-toe): the mover's reward from the game; an unreadable reply
 //!   forfeits.
-//! * alone (tool_planner): as above, but the planner sees nothing of the tool agent's
+//! * alone (tool_planner, one turn): as above, but the planner sees nothing of the tool agent's
 //!   turn and cannot adopt its answer; each agent plays as a single agent would.
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
@@ -66,6 +66,8 @@ pub enum Error {
     Unsupported { workflow: WorkflowKind, env: &'static str },
     #[error("only tool_planner's agents can act alone, not {workflow:?}'s")]
     NotAlone { workflow: WorkflowKind },
+    #[error("agents act alone in one turn only, not {max_turns}: over more they would share the state")]
+    AloneOverTurns { max_turns: u32 },
 }
 
 /// What one agent's reply did.
@@ -152,10 +154,14 @@ impl Episode {
         })
     }
 
-    /// This episode with its agents acting alone (tool_planner only).
+    /// This episode with its agents acting alone (tool_planner, one turn: over more
+    /// turns the planner's moves would reach the tool agent through the state).
     pub fn alone(self) -> Result<Episode, Error> {
         if !self.kind.can_act_alone() {
             return Err(Error::NotAlone { workflow: self.kind });
+        }
+        if self.max_turns != 1 {
+            return Err(Error::AloneOverTurns { max_turns: self.max_turns });
         }
         Ok(Episode { alone: true, ..self })
     }
@@ -273,9 +279,8 @@ impl Episode {
         if self.alone && agent == "tool" {
             self.memory.tool_report = None;
             self.memory.tool_answer = None;
-        } else {
-            self.memory.history.push(format!("Turn {}, {agent}: {} -> {feedback}", turn + 1, shorten(&summary, 120)));
         }
+        self.memory.history.push(format!("Turn {}, {agent}: {} -> {feedback}", turn + 1, shorten(&summary, 120)));
 
         // Advance; the episode ends when the env or workflow says so, or after max_turns.
         self.done = outcome.done || self.env.done();
