@@ -94,9 +94,11 @@ pub(crate) mod testing {
     /// The steering repository's `shared/` folder (fixtures, bench configs), beside the
     /// checkout as CI lays it out; `PETTING_SHARED` overrides.
     pub(crate) fn shared_dir() -> PathBuf {
-        match std::env::var_os("PETTING_SHARED") {
+        let dir = match std::env::var_os("PETTING_SHARED") {
             Some(dir) => PathBuf::from(dir),
             None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
-        }
+        };
+        assert!(dir.is_dir(), "the tests read fixtures from {}, which is missing: set PETTING_SHARED", dir.display());
+        dir
     }
 }

@@ -13,10 +13,12 @@ use tch::{Kind, Tensor};
 use crate::support::run;
 
 pub fn shared_dir() -> PathBuf {
-    match std::env::var_os("PETTING_SHARED") {
+    let dir = match std::env::var_os("PETTING_SHARED") {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
-    }
+    };
+    assert!(dir.is_dir(), "the tests read fixtures from {}, which is missing: set PETTING_SHARED", dir.display());
+    dir
 }
 
 fn fixture(family: &str) -> PathBuf {
