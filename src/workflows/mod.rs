@@ -114,7 +114,7 @@ pub struct Episode {
     memory: Memory,
     /// Length of the history when this turn began.
     turn_start: usize,
-    /// Each agent acts alone: the tool agent's turn leaves no trace for the planner.
+    /// Each agent acts alone: the planner gets neither the tool agent's report nor its answer.
     alone: bool,
     /// The tool agent's latest answer solves the task (simulated on the state it saw).
     tool_solved: bool,
