@@ -106,7 +106,7 @@ fn answer(
     body: &[u8],
 ) -> bool {
     std::thread::sleep(faults.delay);
-    let mut fault = (faults.every > 0 && n.is_multiple_of(faults.every)).then_some((n / faults.every) % 3);
+    let mut fault = (faults.every > 0 && n.is_multiple_of(faults.every)).then(|| (n / faults.every) % 3);
     let request_line = head.lines().next().unwrap_or_default().to_string();
     if faults.lose_create_responses
         && head.to_ascii_lowercase().contains("\r\nif-none-match: *")
