@@ -10,13 +10,18 @@ pub mod envs;
 pub mod inspect;
 pub mod model;
 pub mod pipeline;
+pub mod play;
+pub mod policies;
 pub mod progress;
+pub mod rng;
 pub mod sandbox;
 pub mod schema;
 pub mod sql;
 pub mod stages;
 pub mod store;
 pub mod tables;
+pub mod tasks;
+pub mod validate;
 pub mod workflows;
 
 /// Recorded in every commit marker.

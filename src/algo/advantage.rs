@@ -4,7 +4,7 @@
 //! them zero advantage (verl's original GRPO would hand a singleton its raw reward,
 //! which trains on noise without a baseline).
 
-use crate::config::Algorithm;
+use super::Algorithm;
 
 /// Size, mean and unbiased standard deviation of one group's rewards.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,13 +60,29 @@ fn without_signal_as_zero(rewards: &[f64], stats: GroupStats, advantage: impl Fn
     if stats.degenerate { vec![0.0; rewards.len()] } else { rewards.iter().map(|r| advantage(*r)).collect() }
 }
 
-/// The advantages of one group under `algorithm`.
-pub fn advantages(algorithm: Algorithm, rewards: &[f64], std_epsilon: f64) -> Vec<f64> {
-    match algorithm {
-        Algorithm::AtGrpo | Algorithm::Grpo => grpo(rewards, std_epsilon),
-        Algorithm::DrGrpo | Algorithm::Magrpo => mean_baseline(rewards),
-        Algorithm::Marloo => leave_one_out(rewards),
-        Algorithm::Maremax => max_baseline(rewards),
+impl Algorithm {
+    /// The advantages of one group's rewards.
+    pub fn advantages(self, rewards: &[f64], std_epsilon: f64) -> Vec<f64> {
+        match self {
+            Algorithm::AtGrpo | Algorithm::Grpo => grpo(rewards, std_epsilon),
+            Algorithm::DrGrpo | Algorithm::Magrpo => mean_baseline(rewards),
+            Algorithm::Marloo => leave_one_out(rewards),
+            Algorithm::Maremax => max_baseline(rewards),
+        }
+    }
+
+    /// [`Algorithm::advantages`] in SQL, over a candidate's `reward` and its group's
+    /// window columns `g_mean`, `g_std`, `g_sum`, `g_size` and `g_max` (groups without
+    /// signal are zeroed by the caller, as `without_signal_as_zero` does here).
+    pub fn advantage_sql(self, std_epsilon: f64) -> String {
+        match self {
+            Algorithm::AtGrpo | Algorithm::Grpo => {
+                format!("(reward - g_mean) / (g_std + CAST({std_epsilon:?} AS DOUBLE))")
+            }
+            Algorithm::DrGrpo | Algorithm::Magrpo => "reward - g_mean".to_string(),
+            Algorithm::Marloo => "reward - (g_sum - reward) / (g_size - 1)".to_string(),
+            Algorithm::Maremax => "reward - g_max".to_string(),
+        }
     }
 }
 
@@ -126,16 +142,9 @@ mod tests {
 
     #[test]
     fn groups_without_signal_get_zero_advantage_under_every_estimator() {
-        for algorithm in [
-            Algorithm::AtGrpo,
-            Algorithm::Grpo,
-            Algorithm::DrGrpo,
-            Algorithm::Magrpo,
-            Algorithm::Marloo,
-            Algorithm::Maremax,
-        ] {
-            assert_eq!(advantages(algorithm, &[1.5, 1.5, 1.5], 1e-6), vec![0.0; 3], "{algorithm:?} all equal");
-            assert_eq!(advantages(algorithm, &[3.0], 1e-6), vec![0.0], "{algorithm:?} size 1");
+        for algorithm in Algorithm::ALL {
+            assert_eq!(algorithm.advantages(&[1.5, 1.5, 1.5], 1e-6), vec![0.0; 3], "{algorithm:?} all equal");
+            assert_eq!(algorithm.advantages(&[3.0], 1e-6), vec![0.0], "{algorithm:?} size 1");
         }
     }
 

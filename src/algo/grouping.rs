@@ -1,6 +1,6 @@
-//! Which candidates form one advantage group.
+//! Which candidates form one advantage group, and the reward they are compared on.
 
-use crate::config::Algorithm;
+use super::Algorithm;
 
 /// How candidates are grouped before their rewards are compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,9 +28,33 @@ pub fn group_key(grouping: Grouping, task_id: &str, agent: &str, turn: u32) -> S
     }
 }
 
+impl Grouping {
+    /// [`group_key`] in SQL over `turns`.
+    pub fn key_sql(self) -> &'static str {
+        match self {
+            Grouping::TaskAgentTurn => "concat(task_id, '/t', CAST(turn AS VARCHAR), '/', agent)",
+            Grouping::Task => "task_id",
+        }
+    }
+
+    /// The `groups.agent` and `groups.turn` of a group: its members', or NULL where a
+    /// group spans agents and turns.
+    pub fn agent_turn_sql(self) -> (&'static str, &'static str) {
+        match self {
+            Grouping::TaskAgentTurn => ("min(agent)", "min(turn)"),
+            Grouping::Task => ("CAST(NULL AS VARCHAR)", "CAST(NULL AS INT UNSIGNED)"),
+        }
+    }
+}
+
 /// r = alpha * r_team + r_local (paper Eq. 4).
 pub fn mixed_reward(alpha: f64, team_reward: f64, local_reward: f64) -> f64 {
     alpha * team_reward + local_reward
+}
+
+/// [`mixed_reward`] in SQL over `turns`, with alpha as a literal that keeps every bit.
+pub fn mixed_reward_sql(alpha: f64) -> String {
+    format!("CAST({alpha:?} AS DOUBLE) * team_reward + local_reward")
 }
 
 #[cfg(test)]

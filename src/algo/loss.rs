@@ -1,6 +1,8 @@
 //! The PPO-clip policy loss, token by token, with CleanRL's names.
 //!
-//! `update` computes the same terms on tensors; a test there keeps the two equal.
+//! `model::trainer` computes the same terms on tensors; a test there keeps the two equal.
+
+use super::Algorithm;
 
 /// One token's contribution and diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +37,29 @@ pub enum Aggregation {
     /// Sum over each sequence's tokens divided by a constant, then the mean over
     /// sequences (Dr.GRPO): long and short responses weigh per token alike.
     SequenceSum { normaliser: f64 },
+}
+
+impl Aggregation {
+    /// The factor turning a mini-batch's summed token losses into its loss: 1/tokens for
+    /// the token mean, 1/(normaliser · sequences) for the sequence sum of Dr.GRPO.
+    pub fn token_weight(self, tokens: usize, sequences: usize) -> f64 {
+        match self {
+            Aggregation::TokenMean => 1.0 / tokens.max(1) as f64,
+            Aggregation::SequenceSum { normaliser } => 1.0 / (normaliser * sequences.max(1) as f64),
+        }
+    }
+}
+
+impl Algorithm {
+    /// How this estimator aggregates token losses: Dr.GRPO sums each response and divides
+    /// by a constant, the longest possible response (`max_new_tokens`); the others take
+    /// the token mean.
+    pub fn aggregation(self, max_new_tokens: u32) -> Aggregation {
+        match self {
+            Algorithm::DrGrpo => Aggregation::SequenceSum { normaliser: f64::from(max_new_tokens.max(1)) },
+            _ => Aggregation::TokenMean,
+        }
+    }
 }
 
 /// Mini-batch summary of the PPO-clip terms.

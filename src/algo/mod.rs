@@ -1,7 +1,109 @@
-//! The algorithm as pure functions over slices: which candidates are compared with each
-//! other, their advantages, and the PPO-clip terms. Stages apply the same formulas to
-//! Arrow columns and tensors; tests keep the two equal.
+//! The algorithm: which candidates are compared with each other, their mixed reward and
+//! advantages, how token losses are aggregated, and the learning-rate schedule.
+//!
+//! [`Algorithm`] answers every question about an estimator, and nothing outside this
+//! module matches on it: [`Algorithm::grouping`] (grouping.rs), [`Algorithm::advantages`]
+//! beside its SQL twin [`Algorithm::advantage_sql`] (advantage.rs),
+//! [`Algorithm::aggregation`] (loss.rs) and [`Algorithm::label`]. The math is pure
+//! functions over slices; the stages apply the same formulas to Arrow columns (group,
+//! advantage) and tensors (`model::trainer`), and tests keep the two equal.
 
 pub mod advantage;
 pub mod grouping;
 pub mod loss;
+pub mod schedule;
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{Invalid, check};
+
+pub use grouping::{Grouping, mixed_reward, mixed_reward_sql};
+
+/// `algorithm:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlgorithmConfig {
+    /// Advantage estimator.
+    pub name: Algorithm,
+    /// Weight of the team reward in r = alpha * r_team + r_local.
+    pub alpha: f64,
+    /// Added to the group std before dividing.
+    pub std_epsilon: f64,
+    /// PPO clip range: ratios outside [1 - eps, 1 + eps] stop contributing gradient.
+    pub clip_epsilon: f64,
+    /// Which groups are trained on.
+    pub filter: GroupFilter,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        AlgorithmConfig {
+            name: Algorithm::AtGrpo,
+            alpha: 1.0,
+            std_epsilon: 1e-6,
+            clip_epsilon: 0.2,
+            filter: GroupFilter::default(),
+        }
+    }
+}
+
+impl AlgorithmConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(self.alpha >= 0.0, "algorithm.alpha", "must not be negative")?;
+        check(self.std_epsilon > 0.0, "algorithm.std_epsilon", "must be positive")?;
+        check(self.clip_epsilon > 0.0 && self.clip_epsilon < 1.0, "algorithm.clip_epsilon", "must be in (0, 1)")?;
+        let f = self.filter.drop_lowest_mean_fraction;
+        check((0.0..1.0).contains(&f), "algorithm.filter.drop_lowest_mean_fraction", "must be in [0, 1)")
+    }
+}
+
+/// The advantage estimator, with the grouping and loss aggregation that go with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Groups by (task, agent, turn), A = (r - mean) / (std + eps).
+    AtGrpo,
+    /// Groups by task only.
+    Grpo,
+    /// GRPO without std normalisation, sequence-sum token normalisation.
+    DrGrpo,
+    /// CoMLRL MAGRPO: group-mean baseline.
+    Magrpo,
+    /// CoMLRL MARLOO: leave-one-out baseline.
+    Marloo,
+    /// CoMLRL MAReMax: group-max baseline.
+    Maremax,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::AtGrpo,
+        Algorithm::Grpo,
+        Algorithm::DrGrpo,
+        Algorithm::Magrpo,
+        Algorithm::Marloo,
+        Algorithm::Maremax,
+    ];
+
+    /// The estimator as papers write it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Algorithm::AtGrpo => "AT-GRPO",
+            Algorithm::Grpo => "GRPO",
+            Algorithm::DrGrpo => "Dr.GRPO",
+            Algorithm::Magrpo => "MAGRPO",
+            Algorithm::Marloo => "MARLOO",
+            Algorithm::Maremax => "MAReMax",
+        }
+    }
+}
+
+/// Which groups the update trains on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupFilter {
+    /// Drop groups whose rewards are all equal (no learning signal).
+    pub drop_degenerate: bool,
+    /// Drop this fraction of groups with the lowest mean reward.
+    pub drop_lowest_mean_fraction: f64,
+}

@@ -258,9 +258,19 @@ impl StageName {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Parse and validate an iteration.yaml; print a summary.
-    Check { config: PathBuf },
+    Check(ConfigArgs),
     /// Print an iteration.yaml with every default filled in.
-    Show { config: PathBuf },
+    Show(ConfigArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConfigArgs {
+    /// The iteration.yaml.
+    pub config: PathBuf,
+    /// Check it as a fork of a stored run (`URL@K`), as `pipeline run --from` would run it:
+    /// some configs are only valid as a fork (a LoRA adapter on a scratch-trained base).
+    #[arg(long, value_name = "URL@K[:group]")]
+    pub from: Option<petting::config::ForkConfig>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,9 +1,19 @@
-use std::path::Path;
+use petting::config::{self, LoadedConfig};
 
-use petting::config;
+use super::args::ConfigArgs;
 
-pub fn check(file: &Path) -> anyhow::Result<()> {
-    let loaded = config::load(file)?;
+/// The file validated as it stands, or as a fork with `--from`.
+fn load(args: &ConfigArgs) -> anyhow::Result<LoadedConfig> {
+    let mut draft = config::read(&args.config, &[])?;
+    if let Some(fork) = &args.from {
+        draft.set_fork(fork.clone());
+    }
+    Ok(draft.validate()?)
+}
+
+pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
+    let loaded = load(args)?;
+    let file = &args.config;
     let c = &loaded.config;
     let agents: Vec<String> = c.agents.iter().map(|(role, a)| format!("{role} -> {}", a.policy)).collect();
     println!(
@@ -21,8 +31,8 @@ pub fn check(file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn show(file: &Path) -> anyhow::Result<()> {
-    let loaded = config::load(file)?;
+pub fn show(args: &ConfigArgs) -> anyhow::Result<()> {
+    let loaded = load(args)?;
     print!("{}", serde_saphyr::to_string(&loaded.config)?);
     Ok(())
 }

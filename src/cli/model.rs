@@ -4,11 +4,11 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use petting::config::{DType, Device};
 use petting::model::{
     ChatMessage, GenerationRequest, GenerationSettings, LoadOptions, ModelConfig, Policy, Sampling, ScoreRequest,
     TemplateOptions, gguf,
 };
+use petting::model::{DType, Device};
 use serde_json::{Value, json};
 
 use super::args::{ImportGgufArgs, ModelGenerateArgs, ModelLoadArgs, ModelScoreArgs};

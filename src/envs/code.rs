@@ -13,8 +13,22 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Env, Error, Step};
-use crate::config::CodeConfig;
 use crate::sandbox::{Program, Sandbox};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CodeConfig {
+    /// Wall-clock limit of one test run, in seconds.
+    pub test_timeout_seconds: f64,
+    /// Hidden tests used for the reward per problem (the first N).
+    pub max_hidden_tests: u32,
+}
+
+impl Default for CodeConfig {
+    fn default() -> Self {
+        CodeConfig { test_timeout_seconds: 30.0, max_hidden_tests: 4 }
+    }
+}
 
 /// One stdin/stdout test.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

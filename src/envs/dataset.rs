@@ -9,14 +9,81 @@
 //!   `input_output`) or `{"input": […], "output": […]}` (CodeContests), or
 //! * a JSON string holding either of those.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::Error;
 use super::code::{self, TestCase};
-use super::math;
-use crate::config::{DatasetField, DatasetFile, DatasetFormat};
+use super::{EnvConfig, Error, math};
+use crate::validate::{Invalid, check};
+
+/// Where tasks come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Training tasks (generated, or the first N of the train file).
+    pub train_tasks: u32,
+    /// Test tasks, disjoint from the training tasks.
+    pub test_tasks: u32,
+    /// Dataset file for the training split (math, code); generated when absent.
+    pub train_file: Option<DatasetFile>,
+    /// Dataset file for the test split (math, code); generated when absent.
+    pub test_file: Option<DatasetFile>,
+}
+
+impl DataConfig {
+    /// Task counts, and the files of the environments that read their tasks from files.
+    pub fn validate(&self, env: &EnvConfig) -> Result<(), Invalid> {
+        check(self.train_tasks >= 1, "data.train_tasks", "must be at least 1")?;
+        check(self.test_tasks >= 1, "data.test_tasks", "must be at least 1")?;
+        check(
+            !env.reads_files() || (self.train_file.is_some() && self.test_file.is_some()),
+            "data",
+            format!("{} reads its tasks from files: set data.train_file and data.test_file", env.name()),
+        )
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig { train_tasks: 640, test_tasks: 200, train_file: None, test_file: None }
+    }
+}
+
+/// A user's JSONL or Parquet file and which of its columns hold what.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetFile {
+    /// Path of the file, relative to this config file.
+    pub path: PathBuf,
+    /// jsonl or parquet; taken from the extension when absent.
+    #[serde(default)]
+    pub format: Option<DatasetFormat>,
+    /// Column of the file for each field the environment reads (e.g. problem: question).
+    #[serde(default)]
+    pub columns: BTreeMap<DatasetField, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetFormat {
+    Jsonl,
+    Parquet,
+}
+
+/// A field an environment reads from a dataset row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetField {
+    Id,
+    Problem,
+    Answer,
+    Tests,
+    PublicTests,
+    Solution,
+}
 
 type Row = Map<String, Value>;
 

@@ -22,8 +22,22 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Env, Error, Step, after_marker};
-use crate::config::MathConfig;
 use crate::sandbox::Sandbox;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MathConfig {
+    /// Relative tolerance for numeric equality of answers.
+    pub tolerance: f64,
+    /// Wall-clock limit of the tool agent's program, in seconds.
+    pub tool_timeout_seconds: f64,
+}
+
+impl Default for MathConfig {
+    fn default() -> Self {
+        MathConfig { tolerance: 1e-6, tool_timeout_seconds: 20.0 }
+    }
+}
 
 /// A math task as stored in the `tasks` table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

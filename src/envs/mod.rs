@@ -14,22 +14,72 @@ pub mod dataset;
 pub mod math;
 pub mod moves;
 pub mod plan_path;
-pub mod rng;
 pub mod sokoban;
 pub mod sudoku;
 pub mod tic_tac_toe;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::config::EnvConfig;
 use crate::sandbox::Sandbox;
+use crate::validate::{Invalid, check};
 
-pub use code::Code;
-pub use math::Math;
-pub use plan_path::PlanPath;
-pub use sokoban::Sokoban;
-pub use sudoku::Sudoku;
-pub use tic_tac_toe::TicTacToe;
+pub use code::{Code, CodeConfig};
+pub use math::{Math, MathConfig};
+pub use plan_path::{PlanPath, PlanPathConfig};
+pub use sokoban::{Sokoban, SokobanConfig};
+pub use sudoku::{Sudoku, SudokuConfig};
+pub use tic_tac_toe::{TicTacToe, TicTacToeConfig};
+
+/// The environment, chosen by `name`, with its own parameters beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum EnvConfig {
+    PlanPath(PlanPathConfig),
+    Sudoku(SudokuConfig),
+    Sokoban(SokobanConfig),
+    TicTacToe(TicTacToeConfig),
+    Math(MathConfig),
+    Code(CodeConfig),
+}
+
+impl EnvConfig {
+    pub fn name(&self) -> &'static str {
+        match self {
+            EnvConfig::PlanPath(_) => "plan_path",
+            EnvConfig::Sudoku(_) => "sudoku",
+            EnvConfig::Sokoban(_) => "sokoban",
+            EnvConfig::TicTacToe(_) => "tic_tac_toe",
+            EnvConfig::Math(_) => "math",
+            EnvConfig::Code(_) => "code",
+        }
+    }
+
+    /// Whether tasks come from dataset files (`data.train_file`, `data.test_file`)
+    /// rather than being generated.
+    pub fn reads_files(&self) -> bool {
+        matches!(self, EnvConfig::Math(_) | EnvConfig::Code(_))
+    }
+
+    /// Whether solver demonstrations exist for a warm start (the generated environments).
+    pub fn has_demonstrations(&self) -> bool {
+        !self.reads_files()
+    }
+
+    /// Checks the parameters (the keys under `env`).
+    pub fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            EnvConfig::PlanPath(p) => p.validate(),
+            EnvConfig::Sudoku(s) => s.validate(),
+            EnvConfig::Sokoban(s) => {
+                check(s.size >= 4, "env.size", "must be at least 4 (walls included)")?;
+                check(s.boxes >= 1, "env.boxes", "must be at least 1")
+            }
+            EnvConfig::Math(m) => check(m.tolerance >= 0.0, "env.tolerance", "must not be negative"),
+            EnvConfig::Code(c) => check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive"),
+            EnvConfig::TicTacToe(_) => Ok(()),
+        }
+    }
+}
 
 /// A problem with an instance or a dataset.
 #[derive(Debug, thiserror::Error)]

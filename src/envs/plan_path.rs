@@ -22,10 +22,81 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::moves::{Move, format_moves, parse_moves};
-use super::rng::SplitMix64;
 use super::{Env, Error, Step};
-use crate::config::PlanPathConfig;
+use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
+use crate::validate::{Invalid, check, check_probability};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlanPathConfig {
+    /// Grid side length.
+    pub size: u32,
+    /// Probability that a cell is a wall.
+    pub wall_probability: f64,
+    /// Moves allowed in one episode before it ends unsolved.
+    pub max_moves: u32,
+    /// How the warm-start demonstrations choose tools and whether the planner trusts them.
+    pub demonstrations: PlanPathDemonstrations,
+}
+
+impl Default for PlanPathConfig {
+    fn default() -> Self {
+        PlanPathConfig {
+            size: 10,
+            wall_probability: 0.22,
+            max_moves: 200,
+            demonstrations: PlanPathDemonstrations::default(),
+        }
+    }
+}
+
+/// Choice-level imperfection of the Plan-Path demonstrations (shares must sum to 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlanPathDemonstrations {
+    /// Share of tool programs that call `bfs` (always right).
+    pub tool_bfs: f64,
+    /// Share that call `greedy`, which stops at the first wall.
+    pub tool_greedy: f64,
+    /// Share that call `random_walk`.
+    pub tool_random_walk: f64,
+    /// Share of broken programs (errors, swapped arguments).
+    pub tool_broken: f64,
+    /// Probability that the planner copies the tool's output rather than writing its own path.
+    pub planner_copies_tool: f64,
+}
+
+impl PlanPathConfig {
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        check(self.size >= 2, "env.size", "must be at least 2")?;
+        check((0.0..0.9).contains(&self.wall_probability), "env.wall_probability", "must be in [0, 0.9)")?;
+        let d = &self.demonstrations;
+        for (value, key) in [
+            (d.tool_bfs, "tool_bfs"),
+            (d.tool_greedy, "tool_greedy"),
+            (d.tool_random_walk, "tool_random_walk"),
+            (d.tool_broken, "tool_broken"),
+            (d.planner_copies_tool, "planner_copies_tool"),
+        ] {
+            check_probability(value, &format!("env.demonstrations.{key}"))?;
+        }
+        let total = d.tool_bfs + d.tool_greedy + d.tool_random_walk + d.tool_broken;
+        check((total - 1.0).abs() < 1e-9, "env.demonstrations", format!("the tool_* shares sum to {total}, not 1"))
+    }
+}
+
+impl Default for PlanPathDemonstrations {
+    fn default() -> Self {
+        PlanPathDemonstrations {
+            tool_bfs: 0.15,
+            tool_greedy: 0.45,
+            tool_random_walk: 0.30,
+            tool_broken: 0.10,
+            planner_copies_tool: 0.45,
+        }
+    }
+}
 
 pub type Cell = (usize, usize);
 
@@ -422,7 +493,7 @@ impl Env for PlanPath {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envs::rng::stream;
+    use crate::rng::stream;
     use crate::sandbox::{Program, SandboxConfig};
 
     fn sandbox() -> Sandbox {

@@ -19,10 +19,28 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::moves::{Move, format_moves, parse_moves};
-use super::rng::SplitMix64;
 use super::{Env, Error, Step};
-use crate::config::SokobanConfig;
+use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SokobanConfig {
+    /// Side of the room, walls included.
+    pub size: u32,
+    /// Boxes (and goals) in the room.
+    pub boxes: u32,
+    /// Reverse-play pulls used to scatter the boxes away from the goals.
+    pub reverse_steps: u32,
+    /// Moves allowed in one episode before it ends unsolved.
+    pub max_moves: u32,
+}
+
+impl Default for SokobanConfig {
+    fn default() -> Self {
+        SokobanConfig { size: 6, boxes: 1, reverse_steps: 20, max_moves: 200 }
+    }
+}
 
 type Cell = (usize, usize);
 
@@ -395,7 +413,7 @@ impl Env for Sokoban {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envs::rng::stream;
+    use crate::rng::stream;
     use crate::sandbox::{Program, SandboxConfig};
 
     fn sandbox() -> Sandbox {

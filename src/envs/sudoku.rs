@@ -15,10 +15,41 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::rng::SplitMix64;
 use super::{Env, Error, Step, after_marker};
-use crate::config::SudokuConfig;
+use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
+use crate::validate::{Invalid, check};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SudokuConfig {
+    /// Side of the grid (a square number: 4 or 9).
+    pub size: u32,
+    /// Empty cells in a generated puzzle.
+    pub blanks: u32,
+}
+
+impl SudokuConfig {
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        let root = (self.size as f64).sqrt() as u32;
+        check(
+            root * root == self.size && self.size >= 4,
+            "env.size",
+            format!("{} is not a square of at least 4 (4, 9, …)", self.size),
+        )?;
+        check(
+            self.blanks >= 1 && self.blanks < self.size * self.size,
+            "env.blanks",
+            "must leave at least one blank and one clue",
+        )
+    }
+}
+
+impl Default for SudokuConfig {
+    fn default() -> Self {
+        SudokuConfig { size: 4, blanks: 8 }
+    }
+}
 
 /// A Sudoku instance as stored in the `tasks` table: 0 marks a blank.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -382,7 +413,7 @@ impl Env for Sudoku {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envs::rng::stream;
+    use crate::rng::stream;
     use crate::sandbox::{Program, SandboxConfig};
 
     fn sandbox() -> Sandbox {

@@ -12,9 +12,26 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rng::SplitMix64;
 use super::{Env, Error, Step, after_marker};
+use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TicTacToeConfig {
+    /// Opponent of the trained player at evaluation.
+    pub eval_opponent: Opponent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Opponent {
+    /// The trained policy plays both sides.
+    #[default]
+    SelfPlay,
+    /// A perfect minimax player.
+    Minimax,
+}
 
 /// A position as stored in the `tasks` table: three rows of 'X', 'O' and '.'.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -239,7 +256,7 @@ impl Env for TicTacToe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envs::rng::stream;
+    use crate::rng::stream;
     use crate::sandbox::SandboxConfig;
 
     fn sandbox() -> Sandbox {

@@ -11,9 +11,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Algorithm, RunConfig, WorkflowKind};
+use crate::algo::Algorithm;
+use crate::config::RunConfig;
 use crate::sql::RunSql;
 use crate::store::RunStore;
+use crate::workflows::WorkflowKind;
 
 use super::Error;
 use super::chart::{self, BarChart, Bars, LineChart, Series};
@@ -93,7 +95,7 @@ impl Method {
         };
         let mut label = if trained {
             let alpha = if self.alpha == 1.0 { String::new() } else { format!(" α={}", self.alpha) };
-            format!("{team} + {}{specialisation}{alpha}", algorithm_name(self.algorithm))
+            format!("{team} + {}{specialisation}{alpha}", self.algorithm.label())
         } else if self.specialisation == Specialisation::Shared {
             team.to_string()
         } else {
@@ -115,18 +117,6 @@ impl Method {
             _ => label.push_str(&format!(", {mode}")),
         }
         Row { order: (!self.single_agent, trained, method, mode_rank), label }
-    }
-}
-
-/// The estimator as papers write it.
-pub fn algorithm_name(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::AtGrpo => "AT-GRPO",
-        Algorithm::Grpo => "GRPO",
-        Algorithm::DrGrpo => "Dr.GRPO",
-        Algorithm::Magrpo => "MAGRPO",
-        Algorithm::Marloo => "MARLOO",
-        Algorithm::Maremax => "MAReMax",
     }
 }
 

@@ -6,6 +6,7 @@ pub mod chart;
 pub mod compare;
 pub mod export;
 pub mod report;
+pub mod summary;
 pub mod tree;
 
 use std::collections::HashMap;

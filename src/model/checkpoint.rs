@@ -19,10 +19,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::lora::LoraConfig;
 use super::policy::Policy;
 use super::weights::{SafetensorsSet, WEIGHTS_FILE, Weights, write_safetensors};
 use super::{Error, Result};
-use crate::config::LoraConfig;
 
 /// The weights file of a PEFT adapter.
 pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";

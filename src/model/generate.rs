@@ -56,7 +56,7 @@ impl GenerationSettings {
     }
 
     /// From petting's `sampling` settings (temperature 0 is greedy).
-    pub fn from_config(cfg: &crate::config::SamplingConfig) -> GenerationSettings {
+    pub fn from_config(cfg: &super::SamplingConfig) -> GenerationSettings {
         GenerationSettings {
             stop_strings: cfg.stop.clone(),
             ..GenerationSettings::new(Sampling::from_config(cfg), cfg.max_new_tokens as usize)

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
 use super::Error;
+use super::device::DType;
 use super::weights::{WEIGHTS_FILE, write_safetensors};
-use crate::config::DType;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,9 +11,39 @@
 //! A batch row picks its adapter through a [`Route`]: rows are grouped by adapter, and
 //! each group's update is computed on its rows only and added back with `index_add`.
 
+use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::rng::{Stream, combine, key_of};
+use crate::rng::{Counter, combine, tensor_key};
+use crate::validate::{Invalid, check};
+
+/// `lora:` of a policy: train a low-rank adapter on a frozen base.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Rank of the low-rank update.
+    pub rank: u32,
+    /// Scaling numerator: the update is scaled by alpha / rank.
+    pub alpha: f64,
+    /// Dropout on the adapter's input during training.
+    pub dropout: f64,
+    /// Linear layers that get an adapter, by their last name segment; all of them when empty.
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig { rank: 16, alpha: 32.0, dropout: 0.0, targets: Vec::new() }
+    }
+}
+
+impl LoraConfig {
+    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
+        check(self.rank >= 1, format!("{key}.rank"), "must be at least 1")?;
+        check(self.alpha > 0.0, format!("{key}.alpha"), "must be positive")?;
+        check((0.0..1.0).contains(&self.dropout), format!("{key}.dropout"), "must be in [0, 1)")
+    }
+}
 
 /// The two low-rank factors of one adapted linear layer.
 #[derive(Debug)]
@@ -74,7 +104,7 @@ impl Route {
             };
             let xs = match self.dropout_seed {
                 Some(seed) if lora.dropout > 0.0 => {
-                    dropout(&xs, lora.dropout, combine(combine(seed, *slot as u64), key_of(prefix)))
+                    dropout(&xs, lora.dropout, combine(combine(seed, *slot as u64), tensor_key(prefix)))
                 }
                 _ => xs,
             };
@@ -92,7 +122,7 @@ impl Route {
 /// recomputed forward matches the first one).
 fn dropout(x: &Tensor, p: f64, key: u64) -> Tensor {
     let numel = x.numel();
-    let mut stream = Stream::new(key);
+    let mut stream = Counter::new(key);
     let keep: Vec<f32> =
         (0..numel).map(|_| if stream.next_f64() < p { 0.0 } else { (1.0 / (1.0 - p)) as f32 }).collect();
     let mask = Tensor::from_slice(&keep).reshape(x.size()).to_device(x.device()).to_kind(x.kind());

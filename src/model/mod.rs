@@ -20,15 +20,16 @@ mod chat_template;
 mod checkpoint;
 mod config;
 mod decoder;
+mod device;
 mod generate;
 pub mod gguf;
 mod kv_cache;
 mod lora;
 mod policy;
-mod rng;
 mod sampler;
 mod tokenizer;
 mod train;
+pub mod trainer;
 mod weights;
 
 use std::path::{Path, PathBuf};
@@ -40,13 +41,15 @@ pub use chat_template::{ChatMessage, ChatTemplate, TemplateOptions};
 pub use checkpoint::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, CheckpointMeta, META_FILE, SaveAs, sha256_file};
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use decoder::CausalLm;
+pub use device::{DType, Device};
 pub use generate::{FinishReason, Generation, GenerationRequest, GenerationSettings};
 pub use kv_cache::KvCache;
-pub use lora::ALL_LINEAR;
+pub use lora::{ALL_LINEAR, LoraConfig};
 pub use policy::{LoadOptions, Policy};
-pub use sampler::{Sampler, Sampling};
+pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use tokenizer::Tokenizer;
 pub use train::{MicroBatch, ScoreRequest};
+pub use trainer::{MicroBatching, OptimizerConfig, PpoClip, Trainer};
 pub use weights::{SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, read_header, write_safetensors};
 
 /// Errors of the model code; each names the file and, where there is one, the tensor.

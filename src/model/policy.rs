@@ -12,11 +12,12 @@ use tch::{Kind, Tensor};
 use super::chat_template::{ChatMessage, ChatTemplate, TemplateOptions};
 use super::config::ModelConfig;
 use super::decoder::CausalLm;
+use super::device::{DType, Device};
+use super::lora::LoraConfig;
 use super::lora::{LoraWeights, adapter_kind, lora_a_bound, targets_layer};
 use super::tokenizer::Tokenizer;
 use super::weights::{Init, SafetensorsSet, Weights};
 use super::{Error, Result};
-use crate::config::{DType, Device, LoraConfig};
 
 /// Where a policy runs and in which dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -190,6 +191,18 @@ impl Policy {
         })?;
         let text = template.render(messages, options)?;
         let ids = self.require_tokenizer()?.encode(&text, false)?;
+        Ok((text, ids))
+    }
+
+    /// How every agent prompt reaches a model, in rollout, evaluation and the SFT warm
+    /// start alike: one user message, answer directly (Qwen3's non-thinking mode; other
+    /// templates ignore the flag), tokens beyond `max_tokens` cut from the left.
+    pub fn agent_prompt(&self, text: &str, max_tokens: usize) -> Result<(String, Vec<i64>)> {
+        let options = TemplateOptions { add_generation_prompt: true, enable_thinking: Some(false) };
+        let (text, mut ids) = self.encode_chat(&[ChatMessage::new("user", text)], &options)?;
+        if ids.len() > max_tokens {
+            ids.drain(..ids.len() - max_tokens);
+        }
         Ok((text, ids))
     }
 

@@ -9,8 +9,44 @@
 
 use tch::{Kind, Tensor};
 
-use super::rng::{Stream, unit_f64};
-use crate::config::SamplingConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::rng::{Counter, unit_f64};
+use crate::validate::{Invalid, check};
+
+/// `sampling:` of `rollout` and `evaluation` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingConfig {
+    /// Softmax temperature; 0 means greedy decoding.
+    pub temperature: f64,
+    /// Nucleus threshold; 1 disables it.
+    pub top_p: f64,
+    /// Keep only the k most likely tokens; 0 disables it.
+    pub top_k: u32,
+    /// Tokens generated at most per response.
+    pub max_new_tokens: u32,
+    /// Generation also stops after any of these strings.
+    pub stop: Vec<String>,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        SamplingConfig { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 256, stop: Vec::new() }
+    }
+}
+
+impl SamplingConfig {
+    pub fn greedy() -> Self {
+        SamplingConfig { temperature: 0.0, ..SamplingConfig::default() }
+    }
+
+    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
+        check(self.temperature >= 0.0, format!("{key}.temperature"), "must not be negative (0 is greedy)")?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, format!("{key}.top_p"), "must be in (0, 1]")?;
+        check(self.max_new_tokens >= 1, format!("{key}.max_new_tokens"), "must be at least 1")
+    }
+}
 
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,7 +97,7 @@ impl Sampler {
                 let scores = filter(&(scores / temperature), top_k, top_p);
                 // Inverse CDF in vocabulary order, in float64 so that long tails add up.
                 let cdf = scores.softmax(-1, Kind::Double).cumsum(-1, Kind::Double);
-                let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Stream::at(s, t))).collect();
+                let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Counter::at(s, t))).collect();
                 let total = cdf.select(1, -1).unsqueeze(1);
                 let u = Tensor::from_slice(&draws).to_device(logits.device()).unsqueeze(1) * total;
                 let v = logits.size()[1];

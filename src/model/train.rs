@@ -22,8 +22,8 @@ use super::decoder::Pass;
 use super::generate::prefill_mask;
 use super::lora::Route;
 use super::policy::Policy;
-use super::rng::combine;
 use super::{Error, Result};
+use crate::rng::combine;
 
 /// A prompt and a response whose tokens are scored.
 #[derive(Debug, Clone, PartialEq)]

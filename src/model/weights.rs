@@ -11,7 +11,7 @@ use safetensors::tensor::{Dtype, Metadata, SafeTensors, View};
 use tch::{Device, Kind, Tensor};
 
 use super::Error;
-use super::rng::{Stream, combine, key_of};
+use crate::rng::{Counter, combine, tensor_key};
 
 /// The single-file weights name transformers writes.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -272,7 +272,7 @@ impl Weights<'_> {
         match self {
             Weights::Files(set) => set.tensor(name, shape, kind, device),
             Weights::Random { seed } => {
-                Ok(random_tensor(combine(*seed, key_of(name)), shape, init).to_device(device).to_kind(kind))
+                Ok(random_tensor(combine(*seed, tensor_key(name)), shape, init).to_device(device).to_kind(kind))
             }
         }
     }
@@ -285,13 +285,13 @@ pub(crate) fn random_tensor(key: u64, shape: &[i64], init: Init) -> Tensor {
         Init::Ones => Tensor::ones(shape, (Kind::Float, Device::Cpu)),
         Init::Normal(std) => {
             let numel: i64 = shape.iter().product();
-            let mut stream = Stream::new(key);
+            let mut stream = Counter::new(key);
             let values: Vec<f32> = (0..numel).map(|_| (stream.next_normal() * std) as f32).collect();
             Tensor::from_slice(&values).reshape(shape)
         }
         Init::Uniform(bound) => {
             let numel: i64 = shape.iter().product();
-            let mut stream = Stream::new(key);
+            let mut stream = Counter::new(key);
             let values: Vec<f32> = (0..numel).map(|_| ((stream.next_f64() * 2.0 - 1.0) * bound) as f32).collect();
             Tensor::from_slice(&values).reshape(shape)
         }

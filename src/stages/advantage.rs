@@ -1,14 +1,14 @@
 //! advantage: each kept candidate's advantage, routed to its policy as `samples`.
 //!
-//! The estimators of `algo::advantage` as window functions over the candidate's
-//! group; groups without signal (one member, all rewards equal) get zero.
+//! The algorithm's estimator (`Algorithm::advantage_sql`, the twin of
+//! `Algorithm::advantages`) as window functions over the candidate's group; groups
+//! without signal (one member, all rewards equal) get zero.
 
-use crate::config::{Algorithm, RunConfig};
+use crate::config::RunConfig;
 use crate::schema::Table;
 use crate::store::{CommitMarker, RunStore, Stage, StageId};
 
-use super::group::scored_sql;
-use super::{Error, commit_query, inputs, sql_float, verify_inputs};
+use super::{Error, commit_query, inputs, scored_sql, verify_inputs};
 
 pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<CommitMarker, Error> {
     let stage = StageId::at(Stage::Advantage, iteration);
@@ -18,18 +18,8 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     commit_query(store, stage, Table::Samples, &query(config, iteration), config, &read).await
 }
 
-/// `algo::advantage::advantages` over the window columns of `query`.
-fn advantage_sql(algorithm: Algorithm, std_epsilon: f64) -> String {
-    match algorithm {
-        Algorithm::AtGrpo | Algorithm::Grpo => format!("(reward - g_mean) / (g_std + {})", sql_float(std_epsilon)),
-        Algorithm::DrGrpo | Algorithm::Magrpo => "reward - g_mean".to_string(),
-        Algorithm::Marloo => "reward - (g_sum - reward) / (g_size - 1)".to_string(),
-        Algorithm::Maremax => "reward - g_max".to_string(),
-    }
-}
-
 fn query(config: &RunConfig, iteration: u32) -> String {
-    let advantage = advantage_sql(config.algorithm.name, config.algorithm.std_epsilon);
+    let advantage = config.algorithm.name.advantage_sql(config.algorithm.std_epsilon);
     format!(
         "WITH scored AS ({scored}),
          windowed AS (

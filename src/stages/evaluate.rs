@@ -15,24 +15,102 @@
 //! Sharding (`--shard i/n`) keeps the test tasks at positions i mod n; seeds are per task,
 //! so the shards together write the rows one unsharded evaluation writes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::config::{EvalMode, RolloutMode, RunConfig, Selection, WorkflowKind};
-use crate::model::GenerationSettings;
+use serde::{Deserialize, Serialize};
+
+use crate::config::RunConfig;
+use crate::model::{GenerationSettings, SamplingConfig};
+use crate::play::responder::ModelResponder;
+use crate::play::{self, Branching, Played, Setup};
+use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
+use crate::rng::Key;
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::EvalRow;
+use crate::tasks;
+use crate::validate::{Invalid, check};
+use crate::workflows::{Role, WorkflowKind};
 
-use super::checkpoints::{self, LoadedPolicy};
-use super::play::{self, Plan, Played};
-use super::responder::ModelResponder;
-use super::rollout::{agent_policies, games, policy_refs};
-use super::{Error, tasks};
+use super::Error;
 
-/// Stage key of evaluation seeds.
-const EVALUATE: u64 = 0xE7A1;
+/// `evaluation:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvaluationConfig {
+    /// Evaluate after every N-th iteration (and after the last); 0 evaluates only after the last.
+    pub every: u32,
+    /// Also evaluate the starting policies (v0) before training.
+    pub at_start: bool,
+    /// Test tasks played per evaluation (at most data.test_tasks).
+    pub tasks: u32,
+    /// Episodes per task.
+    pub samples: u32,
+    /// Which set-ups are evaluated.
+    pub modes: Vec<EvalMode>,
+    /// Sampling settings; greedy by default.
+    pub sampling: SamplingConfig,
+}
+
+impl Default for EvaluationConfig {
+    fn default() -> Self {
+        EvaluationConfig {
+            every: 10,
+            at_start: true,
+            tasks: 200,
+            samples: 1,
+            modes: vec![EvalMode::MultiAgent],
+            sampling: SamplingConfig::greedy(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalMode {
+    /// The environment's single-agent workflow, played by the first agent's policy.
+    SingleAgent,
+    /// The configured workflow, its agents working together.
+    MultiAgent,
+    /// The configured workflow with the two roles' policies exchanged.
+    Swapped,
+    /// The configured workflow with each agent acting alone, as `workflow.alone` trains
+    /// them (tool_planner only): success is the planner's own.
+    Alone,
+    /// The same episodes, but success is the tool agent's own: its latest printed answer,
+    /// simulated on the state it saw, solves the task (tool_planner only).
+    ToolAlone,
+}
+
+impl EvaluationConfig {
+    /// The section's own checks; the modes' fit to the workflow is checked by the run config.
+    pub fn validate(&self, test_tasks: u32) -> Result<(), Invalid> {
+        check(self.tasks >= 1, "evaluation.tasks", "must be at least 1")?;
+        check(
+            self.tasks <= test_tasks,
+            "evaluation.tasks",
+            format!("{} is more than data.test_tasks ({test_tasks})", self.tasks),
+        )?;
+        check(self.samples >= 1, "evaluation.samples", "must be at least 1")?;
+        check(!self.modes.is_empty(), "evaluation.modes", "must name at least one mode")?;
+        self.sampling.validate("evaluation.sampling")
+    }
+}
+
+impl EvalMode {
+    /// The mode as the `evals.mode` column names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvalMode::SingleAgent => "single_agent",
+            EvalMode::MultiAgent => "multi_agent",
+            EvalMode::Swapped => "swapped",
+            EvalMode::Alone => "alone",
+            EvalMode::ToolAlone => "tool_alone",
+        }
+    }
+}
 
 pub async fn run(
     store: &RunStore,
@@ -48,36 +126,33 @@ pub async fn run(
     test.truncate(config.evaluation.tasks as usize);
     let test: Vec<_> =
         test.into_iter().enumerate().filter(|(i, _)| shard.is_none_or(|s| s.holds(*i))).map(|(_, t)| t).collect();
-    let games = games(config, &test)?;
-    let mut loaded = BTreeMap::new();
-    for name in config.policies.keys() {
-        loaded.insert(name.clone(), checkpoints::load(store, config, name, iteration).await?);
-    }
+    let games = play::games(&config.env, &test)?;
+    let mut loaded = policies::load_all(store, config, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     for (mode_index, &mode) in config.evaluation.modes.iter().enumerate() {
-        let plan = plan(config, mode, iteration, mode_index as u64);
+        let setup = setup(config, mode, iteration, mode_index as u64);
         let started = Instant::now();
-        let label = format!("{stage} {}", mode_name(mode));
-        let episodes = games.len() as u64 * u64::from(plan.episodes_per_task());
+        let label = format!("{stage} {}", mode.name());
+        let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
         let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } =
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
                     let settings = GenerationSettings::from_config(&config.evaluation.sampling);
                     let max_prompt = config.rollout.max_prompt_tokens as usize;
                     let mut responder = ModelResponder::new(&mut loaded, settings, max_prompt);
-                    play::play(&games, &plan, &mut responder, &sandbox, progress)
+                    play::play(&games, &setup, &mut responder, &sandbox, progress)
                 })
             })?;
         model_seconds += model;
         sandbox_seconds += sandboxed;
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
-        let policies = describe(&plan.policies, &loaded);
+        let policies = describe(&setup.policies, &loaded);
         rows.extend(finished.iter().map(|f| EvalRow {
             task_id: test[f.task_index].task_id.clone(),
             env: config.env.name().to_string(),
-            mode: mode_name(mode).to_string(),
+            mode: mode.name().to_string(),
             sample: f.episode,
             policies: policies.clone(),
             success: if mode == EvalMode::ToolAlone { f.tool_success } else { f.success },
@@ -89,7 +164,7 @@ pub async fn run(
     }
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
-        policies_used: policy_refs(&loaded),
+        policies_used: policies::refs(&loaded),
         model_seconds,
         sandbox_seconds,
         ..super::run_info(config)
@@ -97,49 +172,36 @@ pub async fn run(
     super::commit_rows(writer, &rows, info).await
 }
 
-pub fn mode_name(mode: EvalMode) -> &'static str {
-    match mode {
-        EvalMode::SingleAgent => "single_agent",
-        EvalMode::MultiAgent => "multi_agent",
-        EvalMode::Swapped => "swapped",
-        EvalMode::Alone => "alone",
-        EvalMode::ToolAlone => "tool_alone",
-    }
-}
-
-fn plan(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Plan {
-    let configured = agent_policies(config);
+fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Setup {
+    let configured = config.agent_policies();
     let roles = config.workflow.kind.roles();
     let (workflow, policies) = match mode {
         EvalMode::MultiAgent | EvalMode::Alone | EvalMode::ToolAlone => (config.workflow.kind, configured),
         EvalMode::SingleAgent => {
-            let first = configured[roles[0]].clone();
-            (WorkflowKind::SingleAgent, HashMap::from([("agent".to_string(), first)]))
+            let first = configured[&roles[0]].clone();
+            (WorkflowKind::SingleAgent, HashMap::from([(Role::Agent, first)]))
         }
         EvalMode::Swapped => {
             let mut swapped = configured.clone();
             if let [a, b] = roles {
-                swapped.insert(a.to_string(), configured[*b].clone());
-                swapped.insert(b.to_string(), configured[*a].clone());
+                swapped.insert(*a, configured[b].clone());
+                swapped.insert(*b, configured[a].clone());
             }
             (config.workflow.kind, swapped)
         }
     };
-    Plan {
+    Setup {
         workflow,
         max_turns: config.workflow.max_turns,
         alone: matches!(mode, EvalMode::Alone | EvalMode::ToolAlone),
         policies,
-        mode: RolloutMode::Independent,
-        k: config.evaluation.samples.max(1),
-        select: Selection::First,
-        alpha: config.algorithm.alpha,
-        seed_keys: vec![config.seed, iteration as u64, EVALUATE, mode_key],
+        branching: Branching::Independent { episodes: config.evaluation.samples.max(1) },
+        seed_keys: vec![config.seed, iteration as u64, Key::EVALUATE, mode_key],
     }
 }
 
 /// `role=policy@vN` pairs in role order, e.g. `planner=shared@v3,tool=shared@v3`.
-fn describe(policies: &HashMap<String, String>, loaded: &BTreeMap<String, LoadedPolicy>) -> String {
+fn describe(policies: &HashMap<Role, String>, loaded: &LoadedPolicies) -> String {
     let mut pairs: Vec<String> =
         policies.iter().map(|(role, p)| format!("{role}={p}@v{}", loaded.get(p).map_or(0, |l| l.version))).collect();
     pairs.sort();

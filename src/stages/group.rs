@@ -1,16 +1,16 @@
 //! group: which candidates are compared with each other, and each group's statistics.
 //!
 //! Reads the iteration's `turns`, scores each candidate with the mixed reward
-//! r = alpha * r_team + r_local, groups by (task, agent, turn) for AT-GRPO and the
-//! CoMLRL estimators or by task for GRPO and Dr.GRPO, and writes `groups` with size,
-//! mean, unbiased std, the degenerate flag and whether the configured filters keep it.
+//! r = alpha * r_team + r_local, groups them as the algorithm does (by task, agent and
+//! turn for AT-GRPO and the CoMLRL estimators, by task for GRPO and Dr.GRPO), and writes
+//! `groups` with size, mean, unbiased std, the degenerate flag and whether the
+//! configured filters keep it.
 
-use crate::algo::grouping::Grouping;
 use crate::config::RunConfig;
 use crate::schema::Table;
 use crate::store::{CommitMarker, RunStore, Stage, StageId};
 
-use super::{Error, commit_query, inputs, sql_float, verify_inputs};
+use super::{Error, commit_query, inputs, scored_sql, sql_float, verify_inputs};
 
 pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<CommitMarker, Error> {
     let stage = StageId::at(Stage::Group, iteration);
@@ -19,29 +19,8 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     commit_query(store, stage, Table::Groups, &query(config, iteration), config, &rollout).await
 }
 
-/// The SQL of `groups.group_id`; `algo::grouping::group_key` in SQL.
-pub(super) fn group_key_sql(grouping: Grouping) -> &'static str {
-    match grouping {
-        Grouping::TaskAgentTurn => "concat(task_id, '/t', CAST(turn AS VARCHAR), '/', agent)",
-        Grouping::Task => "task_id",
-    }
-}
-
-/// Each candidate of the iteration with its group and mixed reward.
-pub(super) fn scored_sql(config: &RunConfig, iteration: u32) -> String {
-    let alpha = sql_float(config.algorithm.alpha);
-    let key = group_key_sql(config.algorithm.name.grouping());
-    format!(
-        "SELECT *, {key} AS group_id, {alpha} * team_reward + local_reward AS reward \
-         FROM turns WHERE iteration = {iteration}"
-    )
-}
-
 fn query(config: &RunConfig, iteration: u32) -> String {
-    let (agent, turn) = match config.algorithm.name.grouping() {
-        Grouping::TaskAgentTurn => ("min(agent)", "min(turn)"),
-        Grouping::Task => ("CAST(NULL AS VARCHAR)", "CAST(NULL AS INT UNSIGNED)"),
-    };
+    let (agent, turn) = config.algorithm.name.grouping().agent_turn_sql();
     let filter = &config.algorithm.filter;
     // Filters as in algo::advantage::kept_groups: degenerate groups first, then the
     // lowest-mean fraction of the rest, ties broken by group id.

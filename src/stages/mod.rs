@@ -1,16 +1,15 @@
 //! The pipeline's stages. Each is a plain function that reads committed tables of a
-//! run, writes its own, and commits them; no stage calls another.
+//! run, writes its own, and commits them; no stage calls or imports another. What
+//! several share lives here (reading inputs, committing, the error type) or in its own
+//! module beside `stages` (`play` the episode engine, `policies` the checkpoints, `tasks`
+//! the task batches).
 
 pub mod advantage;
-pub mod checkpoints;
 pub mod evaluate;
 pub mod group;
-pub mod play;
 pub mod prepare_data;
 pub mod replay;
-pub mod responder;
 pub mod rollout;
-mod tasks;
 pub mod update;
 
 use std::path::Path;
@@ -21,6 +20,7 @@ use crate::config::{self, RunConfig};
 use crate::schema::Table;
 use crate::sql::RunSql;
 use crate::store::{self, CommitInfo, Partition, RunStore, Stage, StageId, StoredMarker};
+use crate::tables::TurnRow;
 
 /// Why a stage could not run.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +45,10 @@ pub enum Error {
     PrepareData(#[from] prepare_data::Error),
 
     #[error(transparent)]
-    Update(#[from] Box<update::Error>),
+    Update(Box<update::Error>),
+
+    #[error(transparent)]
+    Model(#[from] crate::model::Error),
 
     #[error(transparent)]
     Env(#[from] crate::envs::Error),
@@ -54,20 +57,16 @@ pub enum Error {
     Sandbox(#[from] crate::sandbox::Error),
 
     #[error(transparent)]
-    Play(#[from] play::Error),
+    Play(#[from] crate::play::Error),
 
     #[error(transparent)]
-    Checkpoint(#[from] checkpoints::Error),
+    Policy(#[from] crate::policies::Error),
 
-    #[error("{url} has no tasks yet: run prepare-data first")]
-    NotPrepared { url: String },
+    #[error("cannot encode the {table} table: {source}")]
+    Encode { table: Table, source: serde_arrow::Error },
 
-    #[error(
-        "policy {policy}: iteration {wanted} must sample with version {wanted}, but the latest committed \
-         checkpoint is {}; strict on-policy training refuses to sample with any other",
-        latest.map_or("none".to_string(), |v| format!("v{v}"))
-    )]
-    StaleVersion { policy: String, wanted: u32, latest: Option<u32> },
+    #[error(transparent)]
+    Tasks(#[from] crate::tasks::Error),
 
     #[error(
         "{stage} cannot run: {existing} is already committed with another shard count; \
@@ -80,6 +79,12 @@ pub enum Error {
 
     #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
     Conform { stage: StageId, table: Table, detail: String },
+}
+
+impl From<update::Error> for Error {
+    fn from(refusal: update::Error) -> Error {
+        Error::Update(Box::new(refusal))
+    }
 }
 
 /// The run's frozen config.
@@ -166,6 +171,23 @@ async fn commit_rows<R: crate::tables::Row>(
     commit_parts(writer, &[rows], info).await
 }
 
+/// Commits a rollout's rows, one part per agent (a stable partition: each agent's rows
+/// keep their order), so predicates on `agent`, and on `policy` when roles have their
+/// own, skip whole files.
+async fn commit_by_agent(
+    writer: store::StageWriter<'_>,
+    rows: Vec<TurnRow>,
+    info: CommitInfo,
+) -> Result<store::CommitMarker, Error> {
+    let mut agents: Vec<&str> = rows.iter().map(|r| r.agent.as_str()).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    let by_agent: Vec<Vec<TurnRow>> =
+        agents.iter().map(|a| rows.iter().filter(|r| r.agent == *a).cloned().collect()).collect();
+    let parts: Vec<&[TurnRow]> = by_agent.iter().map(Vec::as_slice).collect();
+    commit_parts(writer, &parts, info).await
+}
+
 /// Writes each non-empty slice of rows as its own part file and commits. A stage with
 /// no rows at all (an empty shard) writes one empty part, so its table still exists.
 async fn commit_parts<R: crate::tables::Row>(
@@ -193,4 +215,12 @@ async fn commit_parts<R: crate::tables::Row>(
 /// A float as a SQL literal that keeps every bit.
 fn sql_float(value: f64) -> String {
     format!("CAST({value:?} AS DOUBLE)")
+}
+
+/// Each candidate of the iteration with its group (`group_id`) and mixed reward
+/// (`reward`): what group and advantage compute over.
+fn scored_sql(config: &RunConfig, iteration: u32) -> String {
+    let key = config.algorithm.name.grouping().key_sql();
+    let reward = crate::algo::mixed_reward_sql(config.algorithm.alpha);
+    format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
 }

@@ -31,10 +31,12 @@ use std::collections::HashSet;
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::config::{EnvConfig, ModelInit, RunConfig};
-use crate::envs::rng::{SplitMix64, stream};
-use crate::envs::{self, AnyEnv, Env, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
+use crate::config::RunConfig;
+use crate::envs::dataset::DatasetFile;
+use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
 use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
+use crate::policies::ModelInit;
+use crate::rng::{Key, SplitMix64, stream};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::schema::Table;
 use crate::store::{self, CommitMarker, Partition, RunStore, Split, Stage, StageId, StageWriter};
@@ -63,22 +65,14 @@ pub enum Error {
     #[error("{path}: committed tokenizer file is not UTF-8")]
     NotUtf8 { path: String },
 
-    #[error("{env} reads its tasks from files: set data.{key} in the config")]
-    MissingFile { env: &'static str, key: &'static str },
-
     #[error("{split}: {wanted} tasks wanted, but only {found} distinct ones {source_text}")]
     NotEnoughTasks { split: &'static str, wanted: usize, found: usize, source_text: String },
-
-    #[error("warm_start demonstrations exist for plan_path, sudoku, sokoban and tic_tac_toe, not {env}")]
-    NoDemonstrations { env: &'static str },
 
     #[error("cannot encode the {table} table: {source}")]
     Encode { table: Table, source: serde_arrow::Error },
 }
 
 /// Split keys of the seed streams.
-const TRAIN: u64 = 1;
-const TEST: u64 = 2;
 /// Draws tried per wanted task before giving up on finding distinct instances.
 const DRAWS_PER_TASK: usize = 50;
 /// Folder of the committed tokenizer files, relative to the run (then the attempt id).
@@ -193,8 +187,8 @@ pub fn tasks(config: &RunConfig) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> 
         EnvConfig::Math(_) | EnvConfig::Code(_) => from_files(config, train_n, test_n),
         env => {
             let mut seen = HashSet::new();
-            let test = generate(env, config.seed, TEST, test_n, &mut seen)?;
-            let train = generate(env, config.seed, TRAIN, train_n, &mut seen)?;
+            let test = generate(env, config.seed, Key::TEST_TASKS, test_n, &mut seen)?;
+            let train = generate(env, config.seed, Key::TRAIN_TASKS, train_n, &mut seen)?;
             Ok((train, test))
         }
     }
@@ -256,7 +250,7 @@ fn generate(
     n: usize,
     seen: &mut HashSet<String>,
 ) -> Result<Vec<TaskRow>, Error> {
-    let name = if split == TRAIN { "train" } else { "test" };
+    let name = if split == Key::TRAIN_TASKS { "train" } else { "test" };
     let mut rows = Vec::with_capacity(n);
     let draws = n * DRAWS_PER_TASK + 1000;
     for index in 0..draws as u64 {
@@ -296,8 +290,9 @@ type Record = (String, String, String, Option<String>);
 
 fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let env = config.env.name();
-    let train_file = config.data.train_file.as_ref().ok_or(Error::MissingFile { env, key: "train_file" })?;
-    let test_file = config.data.test_file.as_ref().ok_or(Error::MissingFile { env, key: "test_file" })?;
+    let (Some(train_file), Some(test_file)) = (&config.data.train_file, &config.data.test_file) else {
+        unreachable!("config validation requires data.train_file and data.test_file for {}", config.env.name())
+    };
     let read = |file| -> Result<Vec<Record>, Error> {
         Ok(match &config.env {
             EnvConfig::Math(_) => dataset::math_records(file)?
@@ -310,7 +305,7 @@ fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<
                 .collect(),
         })
     };
-    let rows = |records: Vec<Record>, split: &'static str, n: usize, file: &crate::config::DatasetFile| {
+    let rows = |records: Vec<Record>, split: &'static str, n: usize, file: &DatasetFile| {
         if records.len() < n {
             return Err(Error::NotEnoughTasks {
                 split,
@@ -348,7 +343,9 @@ fn demonstrations(config: &RunConfig, train: &[TaskRow], wanted: usize) -> Resul
     let plan_path = match &config.env {
         EnvConfig::PlanPath(c) => c.demonstrations.clone(),
         EnvConfig::Sudoku(_) | EnvConfig::Sokoban(_) | EnvConfig::TicTacToe(_) => Default::default(),
-        other => return Err(Error::NoDemonstrations { env: other.name() }),
+        other => {
+            unreachable!("config validation allows warm_start only where demonstrations exist, not {}", other.name())
+        }
     };
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let envs: Vec<AnyEnv> =
@@ -359,7 +356,7 @@ fn demonstrations(config: &RunConfig, train: &[TaskRow], wanted: usize) -> Resul
     while rows.len() < wanted {
         let task = &train[episode_index % train.len()];
         let env = envs[episode_index % envs.len()].clone();
-        let mut rng = SplitMix64::new(stream(&[config.seed, 3, episode_index as u64]));
+        let mut rng = SplitMix64::new(stream(&[config.seed, Key::DEMONSTRATIONS, episode_index as u64]));
         let episode = Episode::new(config.workflow.kind, env, config.workflow.max_turns)?;
         for demo in demonstrator.play(episode, &mut rng, &sandbox) {
             if rows.len() == wanted {

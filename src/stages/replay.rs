@@ -2,16 +2,19 @@
 //! of iteration K, copied instead of sampled, so group, advantage and update can run with
 //! another estimator on exactly the same data. The copy is on-policy by construction:
 //! the rows must have been sampled by the very weights this run holds as version K.
+//! The pipeline runs this stage in place of rollout K (see [`replays`]).
 
 use std::collections::{BTreeMap, HashSet};
 
 use crate::config::{ForkConfig, RunConfig};
+use crate::policies;
 use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Shard, Split, Stage, StageId, StoredMarker};
 use crate::tables::TurnRow;
+use crate::tasks;
 
-use super::{Error, checkpoints, tasks};
+use super::Error;
 
-/// Whether iteration `iteration` of this run copies its rollout rather than sampling it.
+/// The fork whose rollout iteration `iteration` of this run copies rather than samples.
 pub fn replays(config: &RunConfig, iteration: u32) -> Option<&ForkConfig> {
     config.fork.as_ref().filter(|f| f.replay && f.iteration == iteration)
 }
@@ -35,7 +38,7 @@ pub async fn check(config: &RunConfig, fork: &ForkConfig) -> Result<(RunStore, V
 }
 
 /// Commits the source's turns of iteration K (this shard's tasks) as this run's rollout.
-pub async fn rollout(
+pub async fn run(
     store: &RunStore,
     config: &RunConfig,
     fork: &ForkConfig,
@@ -43,12 +46,13 @@ pub async fn rollout(
 ) -> Result<CommitMarker, Error> {
     let k = fork.iteration;
     let stage = StageId { shard, ..StageId::at(Stage::Rollout, k) };
+    super::refuse_if_committed(store, stage).await?;
     let (source, source_markers) = check(config, fork).await?;
     let ours = store.markers().await?;
     let mut sampled_with = BTreeMap::new();
     for marker in &source_markers {
         for used in &marker.marker.policies_used {
-            let (_, held) = checkpoints::find(&ours, &used.policy, k)?;
+            let (_, held) = policies::find(&ours, &used.policy, k)?;
             if used.version != k || held.weights_sha256 != used.weights_sha256 {
                 return Err(Error::Replay {
                     from: fork.from.clone(),
@@ -67,8 +71,7 @@ pub async fn rollout(
     }
     let markers: Vec<&CommitMarker> = source_markers.iter().map(|m| &m.marker).collect();
     let (prepared, train) = tasks::read(store, Split::Train).await?;
-    let batch: HashSet<String> =
-        super::rollout::batch(&train, config, k, shard).into_iter().map(|t| t.task_id).collect();
+    let batch: HashSet<String> = tasks::batch(&train, config, k, shard).into_iter().map(|t| t.task_id).collect();
     let run = config.run_name();
     let rows: Vec<TurnRow> = source
         .read_rows::<TurnRow>(&markers)
@@ -87,5 +90,5 @@ pub async fn rollout(
         reused_from,
         ..super::run_info(config)
     };
-    super::rollout::commit_by_agent(store.begin(stage), rows, info).await
+    super::commit_by_agent(store.begin(stage), rows, info).await
 }

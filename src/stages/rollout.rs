@@ -1,30 +1,72 @@
-//! The rollout stage: iteration k's batch of training tasks played with version k of
-//! every policy (strictly: an older or newer latest checkpoint is refused), every
-//! candidate written to `turns`.
+//! The rollout stage: iteration k's batch of training tasks (`tasks::batch`) played with
+//! version k of every policy (strictly: an older or newer latest checkpoint is refused),
+//! every candidate written to `turns`.
 //!
-//! The batch is the k-th slice of B tasks of a per-epoch seeded shuffle of the train split,
-//! so every task is seen once per epoch. Sharding (`--shard i/n`) keeps the tasks whose
-//! position in the batch is i mod n; seeds are per task, so shards together write exactly
-//! the rows one unsharded rollout writes.
+//! Sharding (`--shard i/n`) plays the tasks whose position in the batch is i mod n; seeds
+//! are per task, so shards together write exactly the rows one unsharded rollout writes.
+//! A replay fork's rollout is not sampled here: the pipeline runs `replay` instead.
 
-use std::collections::{BTreeMap, HashMap};
+use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::envs::AnyEnv;
-use crate::envs::rng::{SplitMix64, stream};
-use crate::model::GenerationSettings;
+use crate::model::{GenerationSettings, SamplingConfig};
+use crate::play::responder::ModelResponder;
+use crate::play::{self, Branching, Candidate, RolloutMode, Selection, Setup};
+use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
+use crate::rng::Key;
 use crate::sandbox::{Sandbox, SandboxConfig};
-use crate::store::{CommitInfo, CommitMarker, PolicyRef, RunStore, Shard, Split, Stage, StageId, StageWriter};
+use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::{TaskRow, TurnRow};
+use crate::tasks;
+use crate::validate::{Invalid, check};
 
-use super::checkpoints::{self, LoadedPolicy};
-use super::play::{self, Candidate, Game, Plan};
-use super::responder::ModelResponder;
-use super::{Error, tasks};
+use super::Error;
 
-/// Stage key of rollout seeds.
-const ROLLOUT: u64 = 0x2011;
+/// `rollout:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// Training tasks per iteration (B).
+    pub tasks_per_iteration: u32,
+    /// Candidates per (task, agent, turn) in tree mode, trajectories per task otherwise (K).
+    pub k: u32,
+    /// tree: AT-GRPO's branch-and-select sampling; independent: K separate trajectories.
+    pub mode: RolloutMode,
+    /// How the candidate that continues the trajectory is chosen in tree mode.
+    pub select: Selection,
+    /// Sampling settings.
+    pub sampling: SamplingConfig,
+    /// Longer prompts are cut from the left.
+    pub max_prompt_tokens: u32,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            tasks_per_iteration: 16,
+            k: 4,
+            mode: RolloutMode::Tree,
+            select: Selection::BestReward,
+            sampling: SamplingConfig::default(),
+            max_prompt_tokens: 4096,
+        }
+    }
+}
+
+impl RolloutConfig {
+    pub fn validate(&self, train_tasks: u32) -> Result<(), Invalid> {
+        check(self.k >= 1, "rollout.k", "must be at least 1")?;
+        check(self.tasks_per_iteration >= 1, "rollout.tasks_per_iteration", "must be at least 1")?;
+        check(
+            self.tasks_per_iteration <= train_tasks,
+            "rollout.tasks_per_iteration",
+            format!("{} is more than data.train_tasks ({train_tasks})", self.tasks_per_iteration),
+        )?;
+        check(self.max_prompt_tokens >= 1, "rollout.max_prompt_tokens", "must be at least 1")?;
+        self.sampling.validate("rollout.sampling")
+    }
+}
 
 /// Plays iteration `iteration`'s batch (or one shard of it) and commits its `turns`.
 pub async fn run(
@@ -36,136 +78,45 @@ pub async fn run(
 ) -> Result<CommitMarker, Error> {
     let stage = StageId { shard, ..StageId::at(Stage::Rollout, iteration) };
     super::refuse_if_committed(store, stage).await?;
-    if let Some(fork) = super::replay::replays(config, iteration) {
-        return super::replay::rollout(store, config, fork, shard).await;
-    }
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
-    let batch = batch(&train, config, iteration, shard);
-    let mut loaded = load_current(store, config, iteration).await?;
-    let plan = plan(config, iteration);
-    let games = games(config, &batch)?;
+    let batch = tasks::batch(&train, config, iteration, shard);
+    let mut loaded = policies::load_current(store, config, iteration).await?;
+    let setup = setup(config, iteration);
+    let games = play::games(&config.env, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let settings = GenerationSettings::from_config(&config.rollout.sampling);
-    let episodes = games.len() as u64 * u64::from(plan.episodes_per_task());
+    let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {
             let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
-            play::play(&games, &plan, &mut responder, &sandbox, progress)
+            play::play(&games, &setup, &mut responder, &sandbox, progress)
         })
     })?;
     let rows = turn_rows(config, &batch, &played.candidates, &loaded);
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
-        policies_used: policy_refs(&loaded),
+        policies_used: policies::refs(&loaded),
         model_seconds: played.model_seconds,
         sandbox_seconds: played.sandbox_seconds,
         ..super::run_info(config)
     };
-    commit_by_agent(writer, rows, info).await
+    super::commit_by_agent(writer, rows, info).await
 }
 
-/// Commits a rollout's rows, one part per agent.
-pub(super) async fn commit_by_agent(
-    writer: StageWriter<'_>,
-    rows: Vec<TurnRow>,
-    info: CommitInfo,
-) -> Result<CommitMarker, Error> {
-    // One part per agent (a stable partition: each agent's rows keep their order), so
-    // predicates on `agent`, and on `policy` when roles have their own, skip whole files.
-    let mut agents: Vec<&str> = rows.iter().map(|r| r.agent.as_str()).collect();
-    agents.sort_unstable();
-    agents.dedup();
-    let by_agent: Vec<Vec<TurnRow>> =
-        agents.iter().map(|a| rows.iter().filter(|r| r.agent == *a).cloned().collect()).collect();
-    let parts: Vec<&[TurnRow]> = by_agent.iter().map(Vec::as_slice).collect();
-    super::commit_parts(writer, &parts, info).await
-}
-
-/// Loads version `iteration` of every policy, refusing when it is not the latest.
-pub async fn load_current(
-    store: &RunStore,
-    config: &RunConfig,
-    iteration: u32,
-) -> Result<BTreeMap<String, LoadedPolicy>, Error> {
-    let mut loaded = BTreeMap::new();
-    for name in config.policies.keys() {
-        let latest = checkpoints::latest(store, name).await?;
-        if latest.as_ref().map(|r| r.version) != Some(iteration) {
-            return Err(Error::StaleVersion {
-                policy: name.clone(),
-                wanted: iteration,
-                latest: latest.map(|r| r.version),
-            });
-        }
-        loaded.insert(name.clone(), checkpoints::load(store, config, name, iteration).await?);
-    }
-    Ok(loaded)
-}
-
-pub fn policy_refs(loaded: &BTreeMap<String, LoadedPolicy>) -> Vec<PolicyRef> {
-    loaded
-        .values()
-        .map(|l| PolicyRef { policy: l.name.clone(), version: l.version, weights_sha256: l.weights_sha256.clone() })
-        .collect()
-}
-
-/// The tasks of iteration k (or of one shard of it).
-pub fn batch(train: &[TaskRow], config: &RunConfig, iteration: u32, shard: Option<Shard>) -> Vec<TaskRow> {
-    let b = config.rollout.tasks_per_iteration as usize;
-    let n = train.len();
-    (0..b)
-        .filter(|i| shard.is_none_or(|s| s.holds(*i)))
-        .map(|i| {
-            let position = iteration as usize * b + i;
-            let order = epoch_order(n, config.seed, (position / n) as u64);
-            train[order[position % n]].clone()
-        })
-        .collect()
-}
-
-/// A seeded permutation of 0..n for one pass over the train split (Fisher–Yates).
-fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut rng = SplitMix64::new(stream(&[seed, ROLLOUT, epoch]));
-    let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
-}
-
-pub fn plan(config: &RunConfig, iteration: u32) -> Plan {
-    Plan {
+fn setup(config: &RunConfig, iteration: u32) -> Setup {
+    let rollout = &config.rollout;
+    Setup {
         workflow: config.workflow.kind,
         max_turns: config.workflow.max_turns,
         alone: config.workflow.alone,
-        policies: agent_policies(config),
-        mode: config.rollout.mode,
-        k: config.rollout.k,
-        select: config.rollout.select,
-        alpha: config.algorithm.alpha,
-        seed_keys: vec![config.seed, iteration as u64, ROLLOUT],
+        policies: config.agent_policies(),
+        branching: Branching::new(rollout.mode, rollout.k, rollout.select, config.algorithm.alpha),
+        seed_keys: vec![config.seed, iteration as u64, Key::ROLLOUT],
     }
 }
 
-pub fn agent_policies(config: &RunConfig) -> HashMap<String, String> {
-    config.agents.iter().map(|(role, agent)| (role.clone(), agent.policy.clone())).collect()
-}
-
-pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> {
-    tasks
-        .iter()
-        .map(|t| Ok(Game { task_id: t.task_id.clone(), env: AnyEnv::from_instance(&config.env, &t.instance)? }))
-        .collect()
-}
-
-fn turn_rows(
-    config: &RunConfig,
-    batch: &[TaskRow],
-    candidates: &[Candidate],
-    loaded: &BTreeMap<String, LoadedPolicy>,
-) -> Vec<TurnRow> {
+fn turn_rows(config: &RunConfig, batch: &[TaskRow], candidates: &[Candidate], loaded: &LoadedPolicies) -> Vec<TurnRow> {
     let sampling = &config.rollout.sampling;
     candidates
         .iter()
@@ -207,19 +158,4 @@ fn turn_rows(
             }
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn epochs_visit_every_task_once() {
-        let mut order = epoch_order(37, 5, 2);
-        assert_ne!(order, (0..37).collect::<Vec<_>>());
-        order.sort();
-        assert_eq!(order, (0..37).collect::<Vec<_>>());
-        assert_eq!(epoch_order(37, 5, 2), epoch_order(37, 5, 2));
-        assert_ne!(epoch_order(37, 5, 2), epoch_order(37, 5, 3));
-    }
 }

@@ -1,11 +1,12 @@
 //! Workflows: who acts in which order, what each agent sees, and what its reply does.
 //!
-//! The API the rollout uses is one value, [`Episode`]: an environment plus the
-//! workflow's memory (the other agents' last outputs, tool results, a history).
+//! The API the rollout uses is one value, [`Episode`]: an environment, the turn order,
+//! a history, and the state of its workflow (one file each: the other agents' last
+//! outputs, tool results, tests).
 //!
 //! ```text
 //!  let mut episode = Episode::new(kind, env, max_turns)?;        // Clone + Send
-//!  while let Some(agent) = episode.next_agent() {                // role, e.g. "tool"
+//!  while let Some(agent) = episode.next_agent() {                // a Role, e.g. Role::Tool
 //!      let prompt = episode.prompt();                            // identical for every clone
 //!      let reply  = model.sample(&prompt);
 //!      let outcome = episode.step(&reply, &sandbox);             // TurnOutcome
@@ -17,47 +18,181 @@
 //! it back over the others. A clone never shares mutable state with another.
 //!
 //! Rewards (r_local per agent; r_team is the environment's team reward after the step):
-//! * single agent: the environment's step reward; math and code answer once.
-//! * tool agent + planner (Plan-Path, Sudoku, Sokoban): the tool agent's program runs
-//!   in the sandbox with the instance predefined; the action list it prints is
+//! * single agent ([`single_agent`]): the environment's step reward; math and code answer once.
+//! * tool agent + planner ([`tool_planner`]; Plan-Path, Sudoku, Sokoban): the tool agent's
+//!   program runs in the sandbox with the instance predefined; the action list it prints is
 //!   simulated on a copy of the state, whose reward is the tool agent's; the real state
 //!   does not move. The planner's answer acts on the real state.
-//! * tool agent + reasoner (math): tool 1 if its printed answer is right, else 0;
-//!   reasoner 1 if right, else 0. Done when both answers agree.
-//! * coder + tester (code): coder = pass rate of the hidden tests; tester = the share of
-//!   its tests the reference program passes (when the task has one; otherwise the share
-//!   the coder's program passes). Done when the coder's program passes all the tester's
-//!   tests.
-//! * two players (tic-tac-toe): the mover's reward from the game; an unreadable reply
-//!   forfeits.
+//! * tool agent + reasoner ([`tool_reasoner`]; math): tool 1 if its printed answer is
+//!   right, else 0; reasoner 1 if right, else 0. Done when both answers agree.
+//! * coder + tester ([`coder_tester`]; code): coder = pass rate of the hidden tests; tester
+//!   = the share of its tests the reference program passes (when the task has one;
+//!   otherwise the share the coder's program passes). Done when the coder's program
+//!   passes all the tester's tests.
+//! * two players ([`two_players`]; tic-tac-toe): the mover's reward from the game; an
+//!   unreadable reply forfeits.
 //! * alone (tool_planner, one turn): as above, but the planner sees nothing of the tool agent's
 //!   turn and cannot adopt its answer; each agent plays as a single agent would.
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
 
+mod coder_tester;
 pub mod demos;
 pub mod prompts;
+mod single_agent;
+mod tool;
+mod tool_planner;
+mod tool_reasoner;
+mod two_players;
 
-use serde::Serialize;
+use std::fmt;
 
-use crate::config::WorkflowKind;
+use serde::{Deserialize, Serialize};
+
 use crate::envs::AnyEnv;
-use crate::envs::code::{TestCase, TestResult, extract_program, run_tests};
-use crate::envs::math::extract_output_answer;
 use crate::sandbox::{Program, RunOutput, Sandbox};
+
+pub use coder_tester::parse_tests;
+pub use tool::{run_program, tool_preamble};
+pub use tool_planner::ADOPT_TOOL_ANSWER;
 
 /// Local reward of a reply that yields no action.
 pub const NO_ANSWER: f64 = -1.0;
 
-/// Output of a tool program shown to the teammate, at most this many characters.
-const TOOL_OUTPUT_SHOWN: usize = 600;
-
 /// History lines kept in prompts.
 const HISTORY_SHOWN: usize = 6;
 
-/// A planner's answer that adopts the tool agent's answer as it stands (`#### tool`):
-/// trusting the tool is one decision, not a copy the model must get right move by move.
-pub const ADOPT_TOOL_ANSWER: &str = "tool";
+/// `workflow:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowConfig {
+    /// Which workflow plays the environment.
+    pub kind: WorkflowKind,
+    /// Turns per episode; within a turn every agent acts once, in the workflow's order.
+    #[serde(default = "default_max_turns")]
+    pub max_turns: u32,
+    /// Rollouts play each agent alone (tool_planner, max_turns 1): the planner sees nothing of
+    /// the tool agent and cannot adopt its answer, so each role learns as a single agent
+    /// would (the paper's "train in single agent, evaluate in MAS" ablation). Data, warm
+    /// start and the multi_agent evaluation still play the team.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alone: bool,
+}
+
+fn default_max_turns() -> u32 {
+    4
+}
+
+/// Why agents act alone in one turn only: they share the environment's state.
+pub const ALONE_OVER_TURNS: &str = "acting alone needs workflow.max_turns: 1; over more turns the planner's \
+     moves reach the tool agent through the state they share, so neither would be alone";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowKind {
+    /// One agent does everything.
+    SingleAgent,
+    /// A tool agent writes a program whose output a planner sees (games, planning).
+    ToolPlanner,
+    /// A tool agent computes with code, a reasoner reasons; done when they agree (math).
+    ToolReasoner,
+    /// A coder writes programs, a tester writes tests (code).
+    CoderTester,
+    /// Two players take turns (tic-tac-toe).
+    TwoPlayers,
+}
+
+impl WorkflowKind {
+    pub const ALL: [WorkflowKind; 5] = [
+        WorkflowKind::SingleAgent,
+        WorkflowKind::ToolPlanner,
+        WorkflowKind::ToolReasoner,
+        WorkflowKind::CoderTester,
+        WorkflowKind::TwoPlayers,
+    ];
+
+    /// The roles of the workflow, in the order they act within a turn.
+    pub fn roles(self) -> &'static [Role] {
+        match self {
+            WorkflowKind::SingleAgent => &[Role::Agent],
+            WorkflowKind::ToolPlanner => &[Role::Tool, Role::Planner],
+            WorkflowKind::ToolReasoner => &[Role::Tool, Role::Reasoner],
+            WorkflowKind::CoderTester => &[Role::Coder, Role::Tester],
+            WorkflowKind::TwoPlayers => &[Role::PlayerX, Role::PlayerO],
+        }
+    }
+
+    /// Whether this workflow can play the environment named `env` (`AnyEnv::name`).
+    pub fn plays(self, env: &str) -> bool {
+        match self {
+            WorkflowKind::SingleAgent => env != "tic_tac_toe",
+            WorkflowKind::ToolPlanner => matches!(env, "plan_path" | "sudoku" | "sokoban"),
+            WorkflowKind::ToolReasoner => env == "math",
+            WorkflowKind::CoderTester => env == "code",
+            WorkflowKind::TwoPlayers => env == "tic_tac_toe",
+        }
+    }
+
+    /// The workflows that can play the environment named `env`.
+    pub fn playing(env: &str) -> Vec<WorkflowKind> {
+        WorkflowKind::ALL.into_iter().filter(|w| w.plays(env)).collect()
+    }
+
+    /// Whether the agents can act alone (`workflow.alone`, evaluation modes `alone` and
+    /// `tool_alone`): only where no agent's turn needs the other's.
+    pub fn can_act_alone(self) -> bool {
+        self == WorkflowKind::ToolPlanner
+    }
+}
+
+/// A role in a workflow: the keys of `agents:` and the values of the `agent` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The single agent.
+    Agent,
+    Tool,
+    Planner,
+    Reasoner,
+    Coder,
+    Tester,
+    PlayerX,
+    PlayerO,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Tool => "tool",
+            Role::Planner => "planner",
+            Role::Reasoner => "reasoner",
+            Role::Coder => "coder",
+            Role::Tester => "tester",
+            Role::PlayerX => "player_x",
+            Role::PlayerO => "player_o",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Roles sort by name, as the config's `agents:` mapping and the tables list them.
+impl Ord for Role {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for Role {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -74,7 +209,7 @@ pub enum Error {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TurnOutcome {
     pub turn: u32,
-    pub agent: &'static str,
+    pub agent: Role,
     /// The parsed action as JSON; None when the reply did not parse.
     pub action: Option<String>,
     /// Why the reply did not parse.
@@ -87,18 +222,31 @@ pub struct TurnOutcome {
     pub success: bool,
 }
 
-/// The latest tool run, as the teammate sees it.
-#[derive(Debug, Clone, Default)]
-struct Memory {
-    history: Vec<String>,
-    /// Program and output of the tool agent this turn (tool_planner, tool_reasoner).
-    tool_report: Option<String>,
-    tool_answer: Option<String>,
-    reasoner_answer: Option<String>,
-    /// The coder's latest program and the tester's latest tests (coder_tester).
-    code: Option<String>,
-    tests: Vec<TestCase>,
-    test_report: Option<String>,
+impl TurnOutcome {
+    /// An outcome before the reply is read: nothing done, nothing earned.
+    fn blank(agent: Role) -> TurnOutcome {
+        TurnOutcome {
+            turn: 0,
+            agent,
+            action: None,
+            parse_error: None,
+            feedback: None,
+            local_reward: 0.0,
+            team_reward: 0.0,
+            done: false,
+            success: false,
+        }
+    }
+}
+
+/// The state of one workflow's episode.
+#[derive(Debug, Clone)]
+enum Workflow {
+    SingleAgent,
+    ToolPlanner(tool_planner::ToolPlanner),
+    ToolReasoner(tool_reasoner::ToolReasoner),
+    CoderTester(coder_tester::CoderTester),
+    TwoPlayers,
 }
 
 /// One episode of a workflow on an environment.
@@ -106,68 +254,62 @@ struct Memory {
 pub struct Episode {
     kind: WorkflowKind,
     env: AnyEnv,
-    roles: Vec<&'static str>,
+    workflow: Workflow,
+    roles: Vec<Role>,
     max_turns: u32,
     turn: u32,
     next: usize,
     done: bool,
-    memory: Memory,
+    history: Vec<String>,
     /// Length of the history when this turn began.
     turn_start: usize,
-    /// Each agent acts alone: the planner gets neither the tool agent's report nor its answer.
-    alone: bool,
-    /// The tool agent's latest answer solves the task (simulated on the state it saw).
-    tool_solved: bool,
 }
 
 impl Episode {
     pub fn new(kind: WorkflowKind, env: AnyEnv, max_turns: u32) -> Result<Episode, Error> {
-        let fits = match kind {
-            WorkflowKind::SingleAgent => !matches!(env, AnyEnv::TicTacToe(_)),
-            WorkflowKind::ToolPlanner => matches!(env, AnyEnv::PlanPath(_) | AnyEnv::Sudoku(_) | AnyEnv::Sokoban(_)),
-            WorkflowKind::ToolReasoner => matches!(env, AnyEnv::Math(_)),
-            WorkflowKind::CoderTester => matches!(env, AnyEnv::Code(_)),
-            WorkflowKind::TwoPlayers => matches!(env, AnyEnv::TicTacToe(_)),
-        };
-        if !fits {
+        if !kind.plays(env.name()) {
             return Err(Error::Unsupported { workflow: kind, env: env.name() });
         }
-        let mut roles = kind.roles().to_vec();
-        // The player whose mark moves first in the start position opens every turn.
-        if let AnyEnv::TicTacToe(game) = &env
-            && game.to_move() == crate::envs::tic_tac_toe::Mark::O
-        {
-            roles.reverse();
-        }
+        let workflow = match kind {
+            WorkflowKind::SingleAgent => Workflow::SingleAgent,
+            WorkflowKind::ToolPlanner => Workflow::ToolPlanner(Default::default()),
+            WorkflowKind::ToolReasoner => Workflow::ToolReasoner(Default::default()),
+            WorkflowKind::CoderTester => Workflow::CoderTester(Default::default()),
+            WorkflowKind::TwoPlayers => Workflow::TwoPlayers,
+        };
+        let roles = match &env {
+            AnyEnv::TicTacToe(game) => two_players::turn_order(game),
+            _ => kind.roles().to_vec(),
+        };
         Ok(Episode {
             kind,
             env,
+            workflow,
             roles,
             max_turns: max_turns.max(1),
             turn: 0,
             next: 0,
             done: false,
-            memory: Memory::default(),
+            history: Vec::new(),
             turn_start: 0,
-            alone: false,
-            tool_solved: false,
         })
     }
 
     /// This episode with its agents acting alone (tool_planner, one turn: over more
     /// turns the planner's moves would reach the tool agent through the state).
-    pub fn alone(self) -> Result<Episode, Error> {
-        if !self.kind.can_act_alone() {
+    pub fn alone(mut self) -> Result<Episode, Error> {
+        let Workflow::ToolPlanner(state) = &mut self.workflow else {
             return Err(Error::NotAlone { workflow: self.kind });
-        }
+        };
         if self.max_turns != 1 {
             return Err(Error::AloneOverTurns { max_turns: self.max_turns });
         }
-        Ok(Episode { alone: true, ..self })
+        state.alone = true;
+        Ok(self)
     }
 
     /// The role that acts next, or None when the episode is over.
-    pub fn next_agent(&self) -> Option<&'static str> {
+    pub fn next_agent(&self) -> Option<Role> {
         (!self.done).then(|| self.roles[self.next])
     }
 
@@ -195,35 +337,32 @@ impl Episode {
     /// Whether the tool agent's latest answer, on its own, solves the task: what it is
     /// worth as a single agent, whatever the teammate makes of it.
     pub fn tool_success(&self) -> bool {
-        self.tool_solved
+        match &self.workflow {
+            Workflow::ToolPlanner(state) => state.tool.solved,
+            Workflow::ToolReasoner(state) => state.tool.solved,
+            _ => false,
+        }
     }
 
     /// The history lines a prompt shows. Where the workflow hands this turn's earlier
     /// replies over in full (the tool report, the coder's program, the tests), their
     /// history lines would only repeat them, so only earlier turns are shown.
-    fn history(&self) -> &[String] {
-        let shown_in_full =
-            matches!(self.kind, WorkflowKind::ToolPlanner | WorkflowKind::ToolReasoner | WorkflowKind::CoderTester);
-        let h = &self.memory.history;
+    fn shown_history(&self) -> &[String] {
+        let shown_in_full = !matches!(self.workflow, Workflow::SingleAgent | Workflow::TwoPlayers);
+        let h = &self.history;
         let h = if shown_in_full { &h[..self.turn_start] } else { &h[..] };
         &h[h.len().saturating_sub(HISTORY_SHOWN)..]
     }
 
     /// The next agent's prompt (plain text).
     pub fn prompt(&self) -> String {
-        let env = &self.env;
-        let history = self.history();
-        let tool = self.memory.tool_report.as_deref();
-        match (self.kind, self.roles[self.next]) {
-            (WorkflowKind::SingleAgent, _) => prompts::single_agent(env, history),
-            (WorkflowKind::ToolPlanner | WorkflowKind::ToolReasoner, "tool") => prompts::tool_agent(env, history),
-            (WorkflowKind::ToolPlanner, _) => prompts::planner(env, tool, history),
-            (WorkflowKind::ToolReasoner, _) => prompts::reasoner(env, tool, history),
-            (WorkflowKind::CoderTester, "coder") => {
-                prompts::coder(env, self.memory.code.as_deref(), self.memory.test_report.as_deref(), history)
-            }
-            (WorkflowKind::CoderTester, _) => prompts::tester(env, self.memory.code.as_deref(), history),
-            (WorkflowKind::TwoPlayers, _) => prompts::player(env, history),
+        let (env, agent, history) = (&self.env, self.roles[self.next], self.shown_history());
+        match &self.workflow {
+            Workflow::SingleAgent => prompts::single_agent(env, history),
+            Workflow::ToolPlanner(state) => state.prompt(env, agent, history),
+            Workflow::ToolReasoner(state) => state.prompt(env, agent, history),
+            Workflow::CoderTester(state) => state.prompt(env, agent, history),
+            Workflow::TwoPlayers => prompts::player(env, history),
         }
     }
 
@@ -231,64 +370,57 @@ impl Episode {
     /// tool agent and the reply holds one. [`Episode::step`] runs it itself; callers
     /// that already know a program's output (demonstrations) use [`Episode::step_with`].
     pub fn tool_program(&self, reply: &str) -> Option<Program> {
-        if self.next_agent() != Some("tool") {
+        if self.next_agent() != Some(Role::Tool) {
             return None;
         }
-        let code = extract_program(reply)?;
-        Some(Program::new(format!("{}\n{}\n", tool_preamble(&self.env), code)))
+        tool::program(&self.env, reply)
     }
 
     /// Applies the next agent's reply: runs its program if it is a tool agent, steps the
     /// environment, and moves on to the next agent.
     pub fn step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
-        let run = self.tool_program(reply).map(|program| {
-            sandbox.run(&program).unwrap_or_else(|e| RunOutput {
-                status: crate::sandbox::Status::Exited(-1),
-                stdout: String::new(),
-                stderr: format!("the sandbox could not run the program: {e}"),
-                stdout_truncated: false,
-                stderr_truncated: false,
-                elapsed: std::time::Duration::ZERO,
-            })
-        });
+        let run = self.tool_program(reply).map(|program| run_program(&program, sandbox));
         self.step_with(reply, run, sandbox)
     }
 
     /// [`Episode::step`] with the tool program's output given (None: it has none).
     pub fn step_with(&mut self, reply: &str, tool_run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
         let agent = self.next_agent().expect("step called on a finished episode");
-        let turn = self.turn;
-        let mut outcome = match (self.kind, agent) {
-            (WorkflowKind::ToolPlanner | WorkflowKind::ToolReasoner, "tool") => {
-                self.tool_step(reply, tool_run, sandbox)
-            }
-            (WorkflowKind::CoderTester, "coder") => self.coder_step(reply, sandbox),
-            (WorkflowKind::CoderTester, _) => self.tester_step(reply, sandbox),
-            (WorkflowKind::TwoPlayers, _) => self.player_step(reply, sandbox),
-            (WorkflowKind::ToolPlanner, _) => self.planner_step(reply, sandbox),
-            _ => self.env_step(reply, sandbox),
+        let env = &mut self.env;
+        let mut outcome = match &mut self.workflow {
+            Workflow::SingleAgent => single_agent::step(env, agent, reply, sandbox),
+            Workflow::ToolPlanner(state) => state.step(env, agent, reply, tool_run, sandbox),
+            Workflow::ToolReasoner(state) => state.step(env, agent, reply, tool_run, sandbox),
+            Workflow::CoderTester(state) => state.step(env, agent, reply, sandbox),
+            Workflow::TwoPlayers => two_players::step(env, agent, reply, sandbox),
         };
-        outcome.turn = turn;
-        outcome.agent = agent;
+        outcome.turn = self.turn;
+        self.record(&outcome);
+        self.advance(&mut outcome);
+        outcome
+    }
+
+    /// Adds the reply's history line.
+    fn record(&mut self, outcome: &TurnOutcome) {
         let summary = match (&outcome.action, &outcome.parse_error) {
             (Some(action), _) => action.clone(),
             (None, Some(error)) => format!("no answer ({error})"),
             (None, None) => "no answer".into(),
         };
         let feedback = outcome.feedback.as_deref().map(|f| f.lines().last().unwrap_or("")).unwrap_or("");
-        if self.alone && agent == "tool" {
-            self.memory.tool_report = None;
-            self.memory.tool_answer = None;
-        }
-        self.memory.history.push(format!("Turn {}, {agent}: {} -> {feedback}", turn + 1, shorten(&summary, 120)));
+        let line = format!("Turn {}, {}: {} -> {feedback}", outcome.turn + 1, outcome.agent, shorten(&summary, 120));
+        self.history.push(line);
+    }
 
-        // Advance; the episode ends when the env or workflow says so, or after max_turns.
+    /// Moves on to the next agent; the episode ends when the env or workflow says so,
+    /// or after max_turns.
+    fn advance(&mut self, outcome: &mut TurnOutcome) {
         self.done = outcome.done || self.env.done();
         self.next += 1;
         if self.next == self.roles.len() {
             self.next = 0;
             self.turn += 1;
-            self.turn_start = self.memory.history.len();
+            self.turn_start = self.history.len();
             if self.turn >= self.max_turns {
                 self.done = true;
             }
@@ -296,168 +428,6 @@ impl Episode {
         outcome.done = self.done;
         outcome.team_reward = self.env.team_reward();
         outcome.success = self.env.success();
-        outcome
-    }
-
-    /// Planner: acts like [`Self::env_step`], with `#### tool` standing for the tool
-    /// agent's printed answer.
-    fn planner_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
-        let adopts = reply.rsplit_once("####").is_some_and(|(_, answer)| answer.trim() == ADOPT_TOOL_ANSWER);
-        let reply = match &self.memory.tool_answer {
-            Some(tool) if adopts => format!("#### {tool}"),
-            _ => reply.to_string(),
-        };
-        self.env_step(&reply, sandbox)
-    }
-
-    /// Single agent, planner, reasoner: the reply acts on the real environment.
-    fn env_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
-        let acted = self.env.act(reply, sandbox);
-        let mut outcome = blank();
-        match (acted.action, acted.step) {
-            (Ok(action), Some(step)) => {
-                outcome.action = Some(action);
-                outcome.local_reward = step.reward;
-                outcome.feedback = Some(step.feedback);
-                outcome.done = step.done;
-            }
-            (Err(error), _) => {
-                outcome.parse_error = Some(error);
-                outcome.local_reward = NO_ANSWER;
-            }
-            (Ok(_), None) => unreachable!("a parsed action is always stepped"),
-        }
-        match (&self.env, self.kind) {
-            (AnyEnv::Math(math), WorkflowKind::ToolReasoner) => {
-                self.memory.reasoner_answer = outcome.action.as_ref().and_then(|a| serde_json::from_str(a).ok());
-                outcome.done |= self.answers_agree(math);
-                self.memory.tool_report = None;
-            }
-            (AnyEnv::Math(_) | AnyEnv::Code(_), WorkflowKind::SingleAgent) => outcome.done = true,
-            (_, WorkflowKind::ToolPlanner) => self.memory.tool_report = None,
-            _ => {}
-        }
-        outcome
-    }
-
-    fn answers_agree(&self, math: &crate::envs::Math) -> bool {
-        match (&self.memory.tool_answer, &self.memory.reasoner_answer) {
-            (Some(a), Some(b)) => math.same_answer(a, b),
-            _ => false,
-        }
-    }
-
-    /// Tool agent: run the program (already done by the caller), read its printed
-    /// answer, score it on a copy of the state.
-    fn tool_step(&mut self, reply: &str, run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
-        let mut outcome = blank();
-        self.memory.tool_answer = None;
-        self.tool_solved = false;
-        let (Some(code), Some(run)) = (extract_program(reply), run) else {
-            outcome.parse_error = Some("no program found; put it in a ```python block".into());
-            outcome.local_reward = NO_ANSWER;
-            self.memory.tool_report = Some("The tool agent wrote no program.".into());
-            return outcome;
-        };
-        let mut shown = shorten(run.stdout.trim_end(), TOOL_OUTPUT_SHOWN);
-        if !run.ok() {
-            shown = format!("{shown}\nThe program failed: {}", run.error_line()).trim_start().to_string();
-        }
-        if shown.is_empty() {
-            shown = "(nothing)".into();
-        }
-        let report = prompts::tool_report(&code, &shown);
-        outcome.feedback = Some(shown.clone());
-        self.memory.tool_report = Some(report);
-        match &self.env {
-            AnyEnv::Math(math) => {
-                let answer = if run.ok() { extract_output_answer(&run.stdout) } else { None };
-                self.tool_solved = answer.as_ref().is_some_and(|a| math.is_correct(a));
-                outcome.local_reward = match &answer {
-                    Some(_) if self.tool_solved => 1.0,
-                    Some(_) => 0.0,
-                    None => NO_ANSWER,
-                };
-                outcome.action = answer.as_ref().map(|a| serde_json::to_string(a).expect("strings serialise"));
-                if answer.is_none() {
-                    outcome.parse_error = Some("the program printed no answer".into());
-                }
-                self.memory.tool_answer = answer;
-                outcome.done = self.answers_agree(math);
-            }
-            env => {
-                // Simulated on a copy: the real state does not move.
-                let mut copy = env.clone();
-                let acted = copy.act(&run.stdout, sandbox);
-                match (acted.action, acted.step) {
-                    (Ok(action), Some(step)) => {
-                        outcome.action = Some(action);
-                        outcome.local_reward = step.reward;
-                        self.tool_solved = copy.success();
-                        self.memory.tool_answer = Some(run.stdout.trim().to_string());
-                    }
-                    (Err(error), _) => {
-                        outcome.parse_error = Some(format!("the program's output holds no answer: {error}"));
-                        outcome.local_reward = NO_ANSWER;
-                    }
-                    (Ok(_), None) => unreachable!("a parsed action is always stepped"),
-                }
-            }
-        }
-        outcome
-    }
-
-    fn coder_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
-        let mut outcome = self.env_step(reply, sandbox);
-        if let Some(code) = extract_program(reply) {
-            self.memory.code = Some(code);
-            outcome.done |= self.coder_passes_tests(sandbox);
-        }
-        outcome
-    }
-
-    /// Runs the coder's latest program on the tester's latest tests; true when it
-    /// passes them all (and there is at least one).
-    fn coder_passes_tests(&mut self, sandbox: &Sandbox) -> bool {
-        let (Some(code), AnyEnv::Code(env)) = (&self.memory.code, &self.env) else { return false };
-        if self.memory.tests.is_empty() {
-            return false;
-        }
-        let results = run_tests(sandbox, code, &self.memory.tests, env.timeout());
-        self.memory.test_report = Some(test_report(&self.memory.tests, &results));
-        results.iter().all(|r| r.passed)
-    }
-
-    fn tester_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
-        let mut outcome = blank();
-        let tests = parse_tests(reply);
-        if tests.is_empty() {
-            outcome.parse_error = Some("no test found; write **Test Input:** and **Test Output:** blocks".into());
-            outcome.local_reward = NO_ANSWER;
-            return outcome;
-        }
-        outcome.action = Some(serde_json::to_string(&tests).expect("tests serialise"));
-        let AnyEnv::Code(env) = &self.env else { unreachable!("checked in Episode::new") };
-        let judge = env.instance().solution.clone().or_else(|| self.memory.code.clone());
-        if let Some(program) = judge {
-            let results = run_tests(sandbox, &program, &tests, env.timeout());
-            outcome.local_reward = results.iter().filter(|r| r.passed).count() as f64 / tests.len() as f64;
-        }
-        self.memory.tests = tests;
-        outcome.done = self.coder_passes_tests(sandbox);
-        outcome.feedback = self.memory.test_report.clone();
-        outcome
-    }
-
-    fn player_step(&mut self, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
-        let mut outcome = self.env_step(reply, sandbox);
-        if outcome.action.is_none()
-            && let AnyEnv::TicTacToe(game) = &mut self.env
-        {
-            game.forfeit();
-            outcome.feedback = Some("The reply held no move: forfeit.".into());
-        }
-        outcome
     }
 
     /// The oracle's reply for the next agent (the minimax opponent, the solver's answer),
@@ -472,28 +442,25 @@ impl Episode {
     }
 }
 
-fn blank() -> TurnOutcome {
-    TurnOutcome {
-        turn: 0,
-        agent: "",
-        action: None,
-        parse_error: None,
-        feedback: None,
-        local_reward: 0.0,
-        team_reward: 0.0,
-        done: false,
-        success: false,
+/// A reply that acts on the real environment (single agent, planner, reasoner, coder,
+/// player).
+fn env_step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    let acted = env.act(reply, sandbox);
+    let mut outcome = TurnOutcome::blank(agent);
+    match (acted.action, acted.step) {
+        (Ok(action), Some(step)) => {
+            outcome.action = Some(action);
+            outcome.local_reward = step.reward;
+            outcome.feedback = Some(step.feedback);
+            outcome.done = step.done;
+        }
+        (Err(error), _) => {
+            outcome.parse_error = Some(error);
+            outcome.local_reward = NO_ANSWER;
+        }
+        (Ok(_), None) => unreachable!("a parsed action is always stepped"),
     }
-}
-
-/// Python defining the instance and helpers for a tool program (empty for math).
-pub fn tool_preamble(env: &AnyEnv) -> String {
-    match env {
-        AnyEnv::PlanPath(e) => e.tool_preamble(),
-        AnyEnv::Sudoku(e) => e.tool_preamble(),
-        AnyEnv::Sokoban(e) => e.tool_preamble(),
-        AnyEnv::TicTacToe(_) | AnyEnv::Math(_) | AnyEnv::Code(_) => String::new(),
-    }
+    outcome
 }
 
 fn shorten(text: &str, limit: usize) -> String {
@@ -502,44 +469,6 @@ fn shorten(text: &str, limit: usize) -> String {
     } else {
         format!("{}…", text.chars().take(limit).collect::<String>())
     }
-}
-
-/// Test cases of a tester's reply: `**Test Input:**` and `**Test Output:**` fenced
-/// blocks, paired in order (up to the shorter list).
-pub fn parse_tests(reply: &str) -> Vec<TestCase> {
-    let blocks_after = |label: &str| -> Vec<String> {
-        reply
-            .match_indices(label)
-            .filter_map(|(i, _)| {
-                let rest = &reply[i + label.len()..];
-                let open = rest.find("```")?;
-                let body = &rest[open + 3..];
-                let body = body.split_once('\n').map_or("", |(_, b)| b);
-                let close = body.find("```")?;
-                Some(body[..close].to_string())
-            })
-            .collect()
-    };
-    let inputs = blocks_after("**Test Input:**");
-    let outputs = blocks_after("**Test Output:**");
-    inputs.into_iter().zip(outputs).map(|(input, output)| TestCase { input, output }).collect()
-}
-
-fn test_report(tests: &[TestCase], results: &[TestResult]) -> String {
-    let lines: Vec<String> = tests
-        .iter()
-        .zip(results)
-        .map(|(t, r)| {
-            let verdict = if r.passed { "passed" } else { "FAILED" };
-            format!(
-                "- input {:?}: expected {:?}, got {:?}: {verdict}",
-                shorten(t.input.trim_end(), 80),
-                shorten(t.output.trim_end(), 80),
-                shorten(r.got.trim_end(), 80)
-            )
-        })
-        .collect();
-    lines.join("\n")
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Every workflow plays whole episodes with scripted replies.
 
+use super::WorkflowKind as W;
 use super::*;
-use crate::config::{CodeConfig, MathConfig, PlanPathConfig, SokobanConfig, WorkflowKind as W};
-use crate::envs::code::Instance as CodeInstance;
-use crate::envs::{Code, Math, PlanPath, Sokoban, Sudoku, TicTacToe};
+use crate::envs::code::{Instance as CodeInstance, TestCase};
+use crate::envs::{
+    Code, CodeConfig, Math, MathConfig, PlanPath, PlanPathConfig, Sokoban, SokobanConfig, Sudoku, TicTacToe,
+};
 use crate::sandbox::SandboxConfig;
 
 fn sandbox() -> Sandbox {
@@ -28,20 +30,20 @@ fn python(code: &str) -> String {
 fn tool_and_planner_play_plan_path_to_the_goal() {
     let sb = sandbox();
     let mut episode = Episode::new(W::ToolPlanner, plan_path(), 2).unwrap();
-    assert_eq!((episode.next_agent(), episode.turn()), (Some("tool"), 0));
+    assert_eq!((episode.next_agent(), episode.turn()), (Some(Role::Tool), 0));
     let prompt = episode.prompt();
     assert!(prompt.starts_with("You are the tool agent of a team of two."), "{prompt}");
     assert!(prompt.contains("Current state:\nS.G\n.#.\n...\nS = (0, 0) (you), G = (0, 2)"), "{prompt}");
     assert!(prompt.contains("bfs(grid, S, G): the moves of a shortest path"), "{prompt}");
 
     let tool = episode.step(&python("print(bfs(grid, S, G))"), &sb);
-    assert_eq!(tool.agent, "tool");
+    assert_eq!(tool.agent, Role::Tool);
     assert_eq!(tool.action.as_deref(), Some(r#"["R","R"]"#));
     assert!(close(tool.local_reward, 3.49), "simulated on a copy: {}", tool.local_reward);
     assert_eq!((tool.team_reward, tool.done, tool.success), (0.0, false, false), "the real state did not move");
     assert_eq!(tool.feedback.as_deref(), Some("RR"));
 
-    assert_eq!(episode.next_agent(), Some("planner"));
+    assert_eq!(episode.next_agent(), Some(Role::Planner));
     let prompt = episode.prompt();
     assert!(prompt.starts_with("You are the planner of a team of two."), "{prompt}");
     assert!(prompt.contains("S = (0, 0) (you)"), "{prompt}");
@@ -260,17 +262,20 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     let sb = sandbox();
     let game = || AnyEnv::TicTacToe(TicTacToe::from_instance(r#"{"board": ["...", "...", "..."]}"#).unwrap());
     let mut episode = Episode::new(W::TwoPlayers, game(), 5).unwrap();
-    for (reply, agent) in
-        [("#### 0,0", "player_x"), ("#### 1,1", "player_o"), ("#### 0,1", "player_x"), ("#### 2,2", "player_o")]
-    {
+    for (reply, agent) in [
+        ("#### 0,0", Role::PlayerX),
+        ("#### 1,1", Role::PlayerO),
+        ("#### 0,1", Role::PlayerX),
+        ("#### 2,2", Role::PlayerO),
+    ] {
         assert_eq!(episode.next_agent(), Some(agent));
-        assert!(episode.prompt().contains(if agent == "player_x" { "You play X." } else { "You play O." }));
+        assert!(episode.prompt().contains(if agent == Role::PlayerX { "You play X." } else { "You play O." }));
         episode.step(reply, &sb);
     }
     let win = episode.step("#### 0,2", &sb);
     assert_eq!(
         (win.agent, win.local_reward, win.done, win.success, win.team_reward),
-        ("player_x", 1.0, true, true, 1.0)
+        (Role::PlayerX, 1.0, true, true, 1.0)
     );
 
     let mut episode = Episode::new(W::TwoPlayers, game(), 5).unwrap();
@@ -280,7 +285,7 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     // O opens when the start position has O to move.
     let start = TicTacToe::from_instance(r#"{"board": ["X..", "...", "..."]}"#).unwrap();
     let episode = Episode::new(W::TwoPlayers, AnyEnv::TicTacToe(start), 5).unwrap();
-    assert_eq!(episode.next_agent(), Some("player_o"));
+    assert_eq!(episode.next_agent(), Some(Role::PlayerO));
     assert_eq!(episode.oracle_reply().as_deref(), Some("#### 1,1"));
 }
 

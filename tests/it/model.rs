@@ -361,7 +361,7 @@ fn a_fresh_lora_adapter_leaves_logits_unchanged_and_training_changes_only_adapte
     let cases = cases(&dir);
     let prompts: Vec<Vec<i64>> = cases.iter().map(|c| c.input_ids.clone()).collect();
     let before = base_logits(&mut policy, &prompts, None);
-    let lora = petting::config::LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Vec::new() };
+    let lora = petting::model::LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Vec::new() };
     policy.add_adapter("planner", &lora, 7).unwrap();
     policy.add_adapter("tool", &lora, 8).unwrap();
     // Zero-initialised B: the adapter's logits are the base's, exactly.
@@ -643,7 +643,7 @@ fn export_for_transformers() {
         }
         // LoRA on the original base: two steps on an adapter.
         let mut policy = load(&dir);
-        let lora = petting::config::LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Vec::new() };
+        let lora = petting::model::LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Vec::new() };
         policy.add_adapter("a", &lora, 1).unwrap();
         let requests: Vec<ScoreRequest> =
             requests.iter().map(|r| ScoreRequest { adapter: Some("a".into()), ..r.clone() }).collect();

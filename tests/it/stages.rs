@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use object_store::memory::InMemory;
-use petting::algo::advantage::{advantages, group_stats, kept_groups};
+use petting::algo::Algorithm;
+use petting::algo::advantage::{group_stats, kept_groups};
 use petting::algo::grouping::{group_key, mixed_reward};
-use petting::config::{self, Algorithm, RunConfig};
+use petting::config::{self, RunConfig};
 use petting::stages::{self, advantage, group};
 use petting::store::{RunStore, Stage, StageId};
 use petting::tables::{GroupRow, SampleRow, TurnRow};
@@ -102,7 +103,7 @@ fn every_estimator_matches_its_pure_function() {
             let mut nonzero = 0;
             for (group_id, members) in groups_of(&config, &turns) {
                 let rewards: Vec<f64> = members.iter().map(|(_, r)| *r).collect();
-                let expected = advantages(algorithm, &rewards, config.algorithm.std_epsilon);
+                let expected = algorithm.advantages(&rewards, config.algorithm.std_epsilon);
                 for ((id, reward), want) in members.iter().zip(expected) {
                     let got = by_id[id.as_str()];
                     assert_eq!(got.group_id, group_id);

@@ -9,16 +9,25 @@ use std::time::Duration;
 
 use petting::config::{self, RunConfig};
 use petting::model::{ChatMessage, LoadOptions, Policy, ScoreRequest, TemplateOptions};
+use petting::policies::{self, LoadedPolicy};
 use petting::progress::Quiet;
 use petting::schema::Table;
-use petting::stages::checkpoints::{self, LoadedPolicy};
-use petting::stages::{advantage, group, update};
+use petting::stages::{self, advantage, group, update};
 use petting::store::{CommitInfo, CommitMarker, Partition, PolicyRef, RunStore, Split, Stage, StageId};
 use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
+use petting::workflows::Role;
 
 use crate::model::shared_dir;
 use crate::support::block_on;
 use crate::support::synthetic::Mix;
+
+/// The update's own refusal inside a stage error.
+fn refusal(err: &stages::Error) -> &update::Error {
+    match err {
+        stages::Error::Update(refusal) => refusal,
+        other => panic!("expected an update refusal, got {other}"),
+    }
+}
 
 fn fixture() -> PathBuf {
     shared_dir().join("fixtures/hf-tiny-qwen3")
@@ -88,8 +97,8 @@ fn turn_rows(loaded: &mut BTreeMap<String, LoadedPolicy>, config: &RunConfig, it
     let mut mix = Mix::new(u64::from(iteration) + 5);
     let mut rows = Vec::new();
     for task in 0..TASKS {
-        for agent in ["tool", "planner"] {
-            let policy = config.agents[agent].policy.clone();
+        for (role, agent) in [(Role::Tool, "tool"), (Role::Planner, "planner")] {
+            let policy = config.agents[&role].policy.clone();
             let prompt: Vec<i32> = (0..6 + mix.below(6)).map(|_| 3 + mix.below(500) as i32).collect();
             for branch in 0..K {
                 let response: Vec<i32> = (0..2 + mix.below(6)).map(|_| 3 + mix.below(500) as i32).collect();
@@ -168,8 +177,8 @@ async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
     let mut loaded = BTreeMap::new();
     let mut used = Vec::new();
     for name in run.config.policies.keys() {
-        let latest = checkpoints::latest(&run.store, name).await.unwrap().unwrap();
-        let l = checkpoints::load(&run.store, &run.config, name, latest.version).await.unwrap();
+        let latest = policies::latest(&run.store, name).await.unwrap().unwrap();
+        let l = policies::load(&run.store, &run.config, name, latest.version).await.unwrap();
         assert_eq!(l.weights_sha256, latest.weights_sha256);
         used.push(PolicyRef { policy: name.clone(), version: l.version, weights_sha256: l.weights_sha256.clone() });
         loaded.insert(name.clone(), l);
@@ -293,9 +302,9 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
     // v1 loads, and is now the latest.
     block_on(async {
         for policy in ["plan_p", "tool_p"] {
-            let latest = checkpoints::latest(&run.store, policy).await.unwrap().unwrap();
+            let latest = policies::latest(&run.store, policy).await.unwrap().unwrap();
             assert_eq!(latest.version, 1);
-            let loaded = checkpoints::load(&run.store, &run.config, policy, 1).await.unwrap();
+            let loaded = policies::load(&run.store, &run.config, policy, 1).await.unwrap();
             assert_eq!(loaded.weights_sha256, latest.weights_sha256);
             assert_eq!(loaded.adapter().is_some(), policy == "plan_p");
         }
@@ -316,9 +325,9 @@ fn update_refuses_a_rollout_sampled_with_other_weights() {
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::WeightsHash));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
-    assert!(matches!(err, update::Error::WeightsMismatch { .. }), "{err}");
+    assert!(matches!(refusal(&err), update::Error::WeightsMismatch { .. }), "{err}");
     let message = err.to_string();
-    let latest = block_on(checkpoints::latest(&run.store, "tool_p")).unwrap().unwrap();
+    let latest = block_on(policies::latest(&run.store, "tool_p")).unwrap().unwrap();
     for part in ["\"tool_p\"", &"0".repeat(64), &latest.weights_sha256, "nothing was written"] {
         assert!(message.contains(part), "{message} lacks {part}");
     }
@@ -355,7 +364,7 @@ fn update_refuses_a_row_of_another_version() {
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowVersion));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
-    assert!(matches!(err, update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
+    assert!(matches!(refusal(&err), update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
     assert!(err.to_string().contains(&rows[5].candidate_id), "{err}");
     assert_nothing_committed(&run, 0, None);
 }
@@ -366,7 +375,7 @@ fn update_refuses_a_turns_part_of_another_iteration() {
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::ForeignPart));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
-    assert!(matches!(err, update::Error::ForeignPart { iteration: 0, .. }), "{err}");
+    assert!(matches!(refusal(&err), update::Error::ForeignPart { iteration: 0, .. }), "{err}");
     assert!(err.to_string().contains("turns/iteration=1/"), "{err}");
     assert_nothing_committed(&run, 0, None);
 }
@@ -377,7 +386,7 @@ fn update_refuses_logprobs_the_weights_do_not_give() {
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::Logprobs));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
-    match &err {
+    match refusal(&err) {
         update::Error::Drift { policy, mean, max, .. } => {
             assert_eq!(policy, "tool_p");
             assert!((mean - 0.5).abs() < 1e-3 && (max - 0.5).abs() < 1e-3, "{err}");
@@ -399,12 +408,12 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
     let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
     for name in ["tool_p", "plan_p"] {
-        let mut loaded = block_on(checkpoints::load(&store, &config, name, 0)).unwrap();
+        let mut loaded = block_on(policies::load(&store, &config, name, 0)).unwrap();
         let on = ScoreRequest { adapter: loaded.adapter().map(str::to_owned), ..request.clone() };
         // v0 of both is the fixture's function: the copied weights, or an adapter with B = 0.
         assert_eq!(loaded.policy.score(&[on], 64).unwrap(), expected, "{name}");
     }
-    let missing = block_on(checkpoints::load(&store, &config, "tool_p", 3)).unwrap_err().to_string();
+    let missing = block_on(policies::load(&store, &config, "tool_p", 3)).unwrap_err().to_string();
     assert!(missing.contains("latest committed: v0"), "{missing}");
     assert_eq!(v0.checkpoints.len(), 2);
 }
@@ -422,12 +431,12 @@ fn update_refuses_without_v0_or_out_of_step() {
         advantage::run(&run.store, &run.config, 0).await.unwrap();
     });
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
-    assert!(matches!(err, update::Error::NoCheckpoint { .. }), "{err}");
+    assert!(matches!(refusal(&err), update::Error::NoCheckpoint { .. }), "{err}");
     // With v0 but asked for iteration 1: v1 is not the latest.
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 1, Tamper::None));
     let err = block_on(update::run(&run.store, &run.config, 1, &Quiet)).unwrap_err();
-    assert!(matches!(err, update::Error::NotAligned { latest: 0, iteration: 1, .. }), "{err}");
+    assert!(matches!(refusal(&err), update::Error::NotAligned { latest: 0, iteration: 1, .. }), "{err}");
 }
 
 /// A prepare-data commit as the embedded default makes it: the tokenizer files and a
@@ -499,7 +508,7 @@ warm_start: {{demonstrations: 4, steps: 25, batch_size: 4, optimizer: {{lr: 0.01
     }
 
     // Independently: the demonstrations' mean NLL under v0 vs the first step's (pre-update) loss.
-    let mut loaded = block_on(checkpoints::load(&store, &config, "shared", 0)).unwrap();
+    let mut loaded = block_on(policies::load(&store, &config, "shared", 0)).unwrap();
     let nll = mean_nll(&mut loaded.policy, &demos);
     assert!(rows[0].loss > 3.0, "a scratch model should start near ln(512): {}", rows[0].loss);
     assert!(nll < 0.5 * rows[0].loss, "SFT did not lower the loss: {} -> {nll}", rows[0].loss);

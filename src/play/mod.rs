@@ -11,18 +11,23 @@
 //!
 //! The engine is synchronous and knows nothing of stores: a [`Responder`] answers prompts
 //! (a model, or fixed replies in tests) and [`Candidate`]s come back in a fixed order, so
-//! the rows are the same however the work is spread over threads.
+//! the rows are the same however the work is spread over threads. Rollout and evaluate
+//! both play through it; [`responder::ModelResponder`] is the model behind it.
+
+pub mod responder;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::config::{RolloutMode, Selection, WorkflowKind};
-use crate::envs::AnyEnv;
-use crate::envs::rng::stream;
+use serde::{Deserialize, Serialize};
+
+use crate::envs::{AnyEnv, EnvConfig};
 use crate::progress::Progress;
-use crate::sandbox::{Program, RunOutput, Sandbox, Status};
-use crate::workflows::{Episode, TurnOutcome};
+use crate::rng::{stream, text_key};
+use crate::sandbox::{Program, RunOutput, Sandbox};
+use crate::tables::TaskRow;
+use crate::workflows::{Episode, Role, TurnOutcome, WorkflowKind, run_program};
 
 /// One prompt to answer, with the seed of its own random stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,20 +62,63 @@ pub struct Game {
     pub env: AnyEnv,
 }
 
-/// How to play.
+/// The games of `tasks` rows.
+pub fn games(env: &EnvConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, crate::envs::Error> {
+    tasks
+        .iter()
+        .map(|t| Ok(Game { task_id: t.task_id.clone(), env: AnyEnv::from_instance(env, &t.instance)? }))
+        .collect()
+}
+
+/// How candidates are sampled (`rollout.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutMode {
+    Tree,
+    Independent,
+}
+
+/// Which of a tree node's candidates continues the trajectory (`rollout.select`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// Highest mixed reward; ties go to the lowest branch.
+    BestReward,
+    /// Always branch 0 (a random pick, since branches are exchangeable).
+    First,
+}
+
+/// How many candidates each step samples, and which continues.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Branching {
+    /// AT-GRPO's tree: one episode per task, `branches` candidates per (task, agent,
+    /// turn), of which `select` continues (with `alpha` weighting the team reward).
+    Tree { branches: u32, select: Selection, alpha: f64 },
+    /// `episodes` separate episodes per task, each continued by its own single reply.
+    Independent { episodes: u32 },
+}
+
+impl Branching {
+    /// `rollout.mode`, `rollout.k` and `rollout.select` as one value.
+    pub fn new(mode: RolloutMode, k: u32, select: Selection, alpha: f64) -> Branching {
+        match mode {
+            RolloutMode::Tree => Branching::Tree { branches: k.max(1), select, alpha },
+            RolloutMode::Independent => Branching::Independent { episodes: k.max(1) },
+        }
+    }
+}
+
+/// What is played: the workflow, who plays each role, and how candidates branch.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct Setup {
     pub workflow: WorkflowKind,
     pub max_turns: u32,
     /// Each agent acts alone (see [`Episode::alone`]).
     pub alone: bool,
     /// role -> policy
-    pub policies: HashMap<String, String>,
-    pub mode: RolloutMode,
-    pub k: u32,
-    pub select: Selection,
-    pub alpha: f64,
-    /// Keys every seed of this run and stage starts with (run seed, iteration, stage).
+    pub policies: HashMap<Role, String>,
+    pub branching: Branching,
+    /// Keys every seed of this run and stage starts with (run seed, iteration, stage key, …).
     pub seed_keys: Vec<u64>,
 }
 
@@ -80,7 +128,7 @@ pub struct Candidate {
     pub task_index: usize,
     pub episode: u32,
     pub turn: u32,
-    pub agent: &'static str,
+    pub agent: Role,
     pub policy: String,
     pub branch: u32,
     pub node_id: u32,
@@ -126,16 +174,9 @@ pub enum Error {
     #[error(transparent)]
     Model(#[from] crate::model::Error),
     #[error("no policy is mapped to the {role} agent (agents: in the config)")]
-    NoPolicy { role: String },
+    NoPolicy { role: Role },
     #[error("the responder returned {got} replies for {asked} prompts")]
     ReplyCount { asked: usize, got: usize },
-}
-
-/// A stable 64-bit key of a task id, for seeds.
-pub fn task_key(task_id: &str) -> u64 {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(task_id.as_bytes());
-    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
 /// The live episodes of one task (one in tree mode, K in independent mode).
@@ -148,12 +189,20 @@ struct Track {
     tokens: u64,
 }
 
-impl Plan {
+impl Setup {
     /// Episodes played per task: one tree, or K independent ones.
     pub fn episodes_per_task(&self) -> u32 {
-        match self.mode {
-            RolloutMode::Tree => 1,
-            RolloutMode::Independent => self.k,
+        match self.branching {
+            Branching::Tree { .. } => 1,
+            Branching::Independent { episodes } => episodes,
+        }
+    }
+
+    /// Candidates sampled per live episode and step.
+    fn branches(&self) -> u32 {
+        match self.branching {
+            Branching::Tree { branches, .. } => branches,
+            Branching::Independent { .. } => 1,
         }
     }
 }
@@ -162,25 +211,22 @@ impl Plan {
 /// `progress` after each step.
 pub fn play(
     games: &[Game],
-    plan: &Plan,
+    setup: &Setup,
     responder: &mut dyn Responder,
     sandbox: &Sandbox,
     progress: &dyn Progress,
 ) -> Result<Played, Error> {
     let mut tracks = Vec::new();
     for (task_index, game) in games.iter().enumerate() {
-        for episode_index in 0..plan.episodes_per_task() {
-            let mut episode = Episode::new(plan.workflow, game.env.clone(), plan.max_turns)?;
-            if plan.alone {
+        for episode_index in 0..setup.episodes_per_task() {
+            let mut episode = Episode::new(setup.workflow, game.env.clone(), setup.max_turns)?;
+            if setup.alone {
                 episode = episode.alone()?;
             }
             tracks.push(Track { task_index, episode_index, episode, next_node: 0, parent: None, tokens: 0 });
         }
     }
-    let branches = match plan.mode {
-        RolloutMode::Tree => plan.k.max(1),
-        RolloutMode::Independent => 1,
-    };
+    let branches = setup.branches();
     let mut candidates = Vec::new();
     let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
     loop {
@@ -189,7 +235,7 @@ pub fn play(
             break;
         }
         let started = Instant::now();
-        let step = sample_step(games, plan, &tracks, &live, branches, responder)?;
+        let step = sample_step(games, setup, &tracks, &live, branches, responder)?;
         model += started.elapsed();
         let (stepped, sandbox_time) = step_branches(&tracks, &live, &step, sandbox);
         sandboxed += sandbox_time;
@@ -198,7 +244,7 @@ pub fn play(
             let track = &mut tracks[t];
             let first = slot * branches as usize;
             let outcomes = &stepped[first..first + branches as usize];
-            let best = select(plan, outcomes.iter().map(|(_, o)| o));
+            let best = select(setup.branching, outcomes.iter().map(|(_, o)| o));
             let turn = track.episode.turn();
             let agent = track.episode.next_agent().expect("live");
             let node_base = track.next_node;
@@ -253,7 +299,7 @@ struct SampledStep {
 
 fn sample_step(
     games: &[Game],
-    plan: &Plan,
+    setup: &Setup,
     tracks: &[Track],
     live: &[usize],
     branches: u32,
@@ -266,12 +312,12 @@ fn sample_step(
     for &t in live {
         let track = &tracks[t];
         let agent = track.episode.next_agent().expect("live");
-        let policy = plan.policies.get(agent).ok_or_else(|| Error::NoPolicy { role: agent.to_string() })?;
-        let role_index = plan.workflow.roles().iter().position(|r| *r == agent).unwrap_or(0) as u64;
+        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { role: agent })?;
+        let role_index = setup.workflow.roles().iter().position(|r| *r == agent).unwrap_or(0) as u64;
         let text = track.episode.prompt();
-        let task = task_key(&games[track.task_index].task_id);
+        let task = text_key(&games[track.task_index].task_id);
         for b in 0..branches {
-            let mut keys = plan.seed_keys.clone();
+            let mut keys = setup.seed_keys.clone();
             keys.extend([task, track.episode_index as u64, track.episode.turn() as u64, role_index, b as u64]);
             wanted.push((policy.clone(), Prompt { text: text.clone(), seed: stream(&keys) }));
         }
@@ -348,16 +394,7 @@ fn same_program(a: &Program, b: &Program) -> bool {
 }
 
 fn run_all(programs: &[&Program], sandbox: &Sandbox) -> Vec<RunOutput> {
-    parallel_map(programs.to_vec(), |program| {
-        sandbox.run(program).unwrap_or_else(|e| RunOutput {
-            status: Status::Exited(-1),
-            stdout: String::new(),
-            stderr: format!("the sandbox could not run the program: {e}"),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            elapsed: std::time::Duration::ZERO,
-        })
-    })
+    parallel_map(programs.to_vec(), |program| run_program(program, sandbox))
 }
 
 /// Maps `f` over `items` on a few threads; results keep the items' order.
@@ -382,13 +419,13 @@ fn parallel_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> V
 }
 
 /// The branch that continues the trajectory.
-fn select<'a>(plan: &Plan, outcomes: impl Iterator<Item = &'a TurnOutcome>) -> usize {
-    match plan.select {
-        Selection::First => 0,
-        Selection::BestReward => {
+fn select<'a>(branching: Branching, outcomes: impl Iterator<Item = &'a TurnOutcome>) -> usize {
+    match branching {
+        Branching::Independent { .. } | Branching::Tree { select: Selection::First, .. } => 0,
+        Branching::Tree { select: Selection::BestReward, alpha, .. } => {
             let mut best = (0, f64::NEG_INFINITY);
             for (b, o) in outcomes.enumerate() {
-                let r = crate::algo::grouping::mixed_reward(plan.alpha, o.team_reward, o.local_reward);
+                let r = crate::algo::mixed_reward(alpha, o.team_reward, o.local_reward);
                 if r > best.1 {
                     best = (b, r);
                 }
@@ -401,8 +438,8 @@ fn select<'a>(plan: &Plan, outcomes: impl Iterator<Item = &'a TurnOutcome>) -> u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::PlanPathConfig;
     use crate::envs::PlanPath;
+    use crate::envs::plan_path::PlanPathConfig;
     use crate::progress::Quiet;
     use crate::sandbox::SandboxConfig;
 
@@ -445,16 +482,13 @@ mod tests {
             .collect()
     }
 
-    fn plan(mode: RolloutMode) -> Plan {
-        Plan {
+    fn setup(mode: RolloutMode) -> Setup {
+        Setup {
             workflow: WorkflowKind::ToolPlanner,
             max_turns: 1,
             alone: false,
-            policies: HashMap::from([("tool".into(), "shared".into()), ("planner".into(), "shared".into())]),
-            mode,
-            k: 3,
-            select: Selection::BestReward,
-            alpha: 1.0,
+            policies: HashMap::from([(Role::Tool, "shared".into()), (Role::Planner, "shared".into())]),
+            branching: Branching::new(mode, 3, Selection::BestReward, 1.0),
             seed_keys: vec![7, 0],
         }
     }
@@ -467,7 +501,7 @@ mod tests {
     fn tree_sampling_branches_k_ways_and_continues_the_best() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let Played { candidates, finished, .. } =
-            play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+            play(&games(), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(candidates.len(), 2 * (3 + 3));
         for group in candidates.chunks(3) {
             assert!(
@@ -482,7 +516,7 @@ mod tests {
         }
         // Step order: both tool groups, then both planner groups.
         let (tools, planners) = candidates.split_at(6);
-        assert!(tools.iter().all(|c| c.agent == "tool" && c.parent_id.is_none()));
+        assert!(tools.iter().all(|c| c.agent == Role::Tool && c.parent_id.is_none()));
         for task in 0..2 {
             let chosen = tools.iter().find(|c| c.task_index == task && c.selected).unwrap();
             assert_eq!(chosen.branch, 1, "bfs beats greedy and no program on these grids");
@@ -491,7 +525,7 @@ mod tests {
             assert!(children.iter().all(|c| c.reply.prompt_text.contains("print(bfs(grid, S, G))")));
         }
         assert!(finished.iter().all(|f| f.success && f.turns == 1), "{finished:?}");
-        let again = play(&games(), &plan(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+        let again = play(&games(), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(again.candidates, candidates);
     }
 
@@ -512,7 +546,7 @@ mod tests {
     fn progress_counts_every_episode_and_sampled_token_once_per_step() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let tally = Tally::default();
-        let played = play(&games(), &plan(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
+        let played = play(&games(), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
         let (episodes, tokens, steps) = *tally.0.lock().unwrap();
         assert_eq!(episodes, played.finished.len() as u64);
         assert_eq!(tokens, played.candidates.iter().map(|c| c.reply.tokens.len() as u64).sum::<u64>());
@@ -523,8 +557,8 @@ mod tests {
     #[test]
     fn alone_the_tool_agent_keeps_its_success_and_the_planner_has_nothing_to_copy() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
-        let together = plan(RolloutMode::Independent);
-        let apart = Plan { alone: true, ..together.clone() };
+        let together = setup(RolloutMode::Independent);
+        let apart = Setup { alone: true, ..together.clone() };
         let team = play(&games(), &together, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
         let alone = play(&games(), &apart, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
         let successes = |f: &[Finished], tool: bool| -> Vec<bool> {
@@ -540,7 +574,7 @@ mod tests {
     fn independent_mode_plays_k_separate_episodes() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let Played { candidates, finished, .. } =
-            play(&games(), &plan(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
+            play(&games(), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(finished.len(), 2 * 3);
         assert_eq!(candidates.len(), 2 * 3 * 2);
         assert!(candidates.iter().all(|c| c.selected && c.branch == 0));

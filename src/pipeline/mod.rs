@@ -18,11 +18,13 @@
 //! other stage on worker 0, while the others wait for its marker. The store is the only
 //! thing they share.
 
+pub mod driver;
+
 use std::time::Duration;
 
 use crate::config::RunConfig;
 use crate::progress::Progress;
-use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, rollout, update};
+use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, replay, rollout, update};
 use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
 
 /// The run-level update that commits version 0 of every policy.
@@ -77,11 +79,14 @@ pub async fn run_stage(
 ) -> Result<CommitMarker, Error> {
     match (id.stage, id.iteration) {
         (Stage::PrepareData, _) => Ok(prepare_data::run(store, config).await?.marker),
-        (Stage::Update, None) => update::initialise(store, config, progress).await.map_err(|e| Box::new(e).into()),
-        (Stage::Rollout, Some(k)) => rollout::run(store, config, k, id.shard, progress).await,
+        (Stage::Update, None) => update::initialise(store, config, progress).await,
+        (Stage::Rollout, Some(k)) => match replay::replays(config, k) {
+            Some(fork) => replay::run(store, config, fork, id.shard).await,
+            None => rollout::run(store, config, k, id.shard, progress).await,
+        },
         (Stage::Group, Some(k)) => group::run(store, config, k).await,
         (Stage::Advantage, Some(k)) => advantage::run(store, config, k).await,
-        (Stage::Update, Some(k)) => update::run(store, config, k, progress).await.map_err(|e| Box::new(e).into()),
+        (Stage::Update, Some(k)) => update::run(store, config, k, progress).await,
         (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, id.shard, progress).await,
         (stage, None) => unreachable!("{stage} runs per iteration"),
     }

@@ -1,4 +1,5 @@
-//! The one place that turns store checkpoints into [`Policy`] values and back.
+//! The trainable policies: their config (`policies:`), and the one place that turns
+//! store checkpoints into [`Policy`] values and back.
 //!
 //! ```text
 //!  _commits/…/update.json ─ checkpoints: [{policy, version, dir, weights_sha256}]
@@ -19,13 +20,83 @@
 //! and found again by its weights sha256, which every adapter's `meta.json` records.
 //! The adapter is attached to the loaded policy under the policy's own name.
 
+mod files;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::model::{self, CheckpointMeta, LoadOptions, META_FILE, Policy, SaveAs, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
-use crate::store::{self, CheckpointRef, FileEntry, PolicyRef, RunStore, StageWriter, StoredMarker};
+use crate::model::{
+    self, CheckpointMeta, DType, Device, LoadOptions, LoraConfig, META_FILE, OptimizerConfig, Policy, SaveAs,
+    WEIGHTS_FILE,
+};
+use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
+use crate::validate::{Invalid, check};
+
+pub(crate) use files::materialise;
+use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
+
+/// One entry of `policies:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Hugging Face folder of the base model (config.json, tokenizer.json, *.safetensors),
+    /// relative to this config file.
+    pub model: PathBuf,
+    /// pretrained: load the folder's weights and tokenizer; scratch: initialise from its
+    /// config.json with the run seed and build the tokenizer from the task corpus.
+    #[serde(default)]
+    pub init: ModelInit,
+    /// Where the policy samples and trains: cpu, cuda or cuda:N.
+    #[serde(default)]
+    pub device: Device,
+    /// Weight dtype; bf16 on CUDA and f32 on CPU when absent.
+    #[serde(default)]
+    pub dtype: Option<DType>,
+    /// Train a LoRA adapter on a frozen base instead of all weights.
+    #[serde(default)]
+    pub lora: Option<LoraConfig>,
+    /// AdamW settings.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+}
+
+/// Where a policy's v0 weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelInit {
+    #[default]
+    Pretrained,
+    Scratch,
+}
+
+impl PolicyConfig {
+    /// The checks of one policy's own keys (`key` is `policies.<name>`).
+    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
+        check(
+            !self.model.as_os_str().is_empty(),
+            format!("{key}.model"),
+            "is empty; give a Hugging Face model folder",
+        )?;
+        if let Some(lora) = &self.lora {
+            lora.validate(&format!("{key}.lora"))?;
+        }
+        self.optimizer.validate(&format!("{key}.optimizer"))?;
+        check(
+            self.dtype != Some(DType::F16) || self.device != Device::Cpu,
+            format!("{key}.dtype"),
+            "f16 is for CUDA; use f32 or bf16 on cpu",
+        )
+    }
+
+    /// The device and dtype the policy is loaded with.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions { device: self.device, dtype: self.dtype }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -53,7 +124,17 @@ pub enum Error {
 
     #[error("checkpoint cache {}: {source}", path.display())]
     Cache { path: PathBuf, source: std::io::Error },
+
+    #[error(
+        "policy {policy}: iteration {wanted} must sample with version {wanted}, but the latest committed \
+         checkpoint is {}; strict on-policy training refuses to sample with any other",
+        latest.map_or("none".to_string(), |v| format!("v{v}"))
+    )]
+    StaleVersion { policy: String, wanted: u32, latest: Option<u32> },
 }
+
+/// The loaded policies of a run, by name.
+pub type LoadedPolicies = BTreeMap<String, LoadedPolicy>;
 
 /// A policy version loaded from the store.
 #[derive(Debug)]
@@ -83,18 +164,35 @@ pub struct BaseRef {
     pub weights_sha256: String,
 }
 
-/// Files of a Hugging Face folder that a self-contained copy of a base model keeps
-/// (weights are added by name; evaluation fixtures and READMEs are left behind).
-const HF_FILES: [&str; 8] = [
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-];
+/// Version `version` of every policy of the run.
+pub async fn load_all(store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
+    let mut loaded = BTreeMap::new();
+    for name in config.policies.keys() {
+        loaded.insert(name.clone(), load(store, config, name, version).await?);
+    }
+    Ok(loaded)
+}
+
+/// Version `iteration` of every policy, refusing when it is not the latest: what
+/// iteration k's rollout samples with.
+pub async fn load_current(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<LoadedPolicies, Error> {
+    let markers = store.markers().await?;
+    for name in config.policies.keys() {
+        let latest = latest_in(&markers, name).map(|r| r.version);
+        if latest != Some(iteration) {
+            return Err(Error::StaleVersion { policy: name.clone(), wanted: iteration, latest });
+        }
+    }
+    load_all(store, config, iteration).await
+}
+
+/// What each loaded policy is, for a marker's `policies_used`.
+pub fn refs(loaded: &LoadedPolicies) -> Vec<PolicyRef> {
+    loaded
+        .values()
+        .map(|l| PolicyRef { policy: l.name.clone(), version: l.version, weights_sha256: l.weights_sha256.clone() })
+        .collect()
+}
 
 /// The latest committed version of `name` (its PolicyRef from the newest marker that
 /// committed a checkpoint of it).
@@ -187,7 +285,7 @@ pub fn open(config: &RunConfig, fetched: Fetched) -> Result<LoadedPolicy, Error>
         policy: fetched.name.clone(),
         known: config.policies.keys().cloned().collect(),
     })?;
-    let options = LoadOptions { device: policy_config.device, dtype: policy_config.dtype };
+    let options = policy_config.load_options();
     let (policy, base) = match fetched.base {
         None => (Policy::load(&fetched.dir, &options)?, None),
         Some((base, base_dir)) => {
@@ -243,139 +341,6 @@ fn find_base<'m>(
         .ok_or_else(|| Error::NoBase { sha256: sha256.to_string(), dir: adapter_dir.to_string() })
 }
 
-fn file_name(path: &str) -> &str {
-    path.rsplit_once('/').map_or(path, |(_, name)| name)
-}
-
-/// The files a marker lists directly under `dir`, as (file name, entry).
-fn files_under<'f>(files: &'f [FileEntry], dir: &str) -> Vec<(&'f str, &'f FileEntry)> {
-    let prefix = format!("{dir}/");
-    files.iter().filter_map(|f| f.path.strip_prefix(&prefix).map(|name| (name, f))).collect()
-}
-
-/// A local folder holding exactly the committed files of `dir`, each checked against
-/// its marker entry.
-pub(crate) async fn materialise(store: &RunStore, files: &[FileEntry], dir: &str) -> Result<PathBuf, Error> {
-    let entries = files_under(files, dir);
-    if entries.is_empty() {
-        return Err(Error::Invalid {
-            url: store.url().to_string(),
-            dir: dir.to_string(),
-            reason: "its marker lists no files under it".into(),
-        });
-    }
-    if let Some(local) = local_dir(store, dir)
-        && holds_exactly(&local, &entries)
-    {
-        // A local run: hash in place instead of copying.
-        for (name, entry) in &entries {
-            check_local(store, &local.join(name), entry)?;
-        }
-        return Ok(local);
-    }
-    let cached = cache_root().join("checkpoints").join(cache_key(&entries));
-    std::fs::create_dir_all(&cached).map_err(|source| Error::Cache { path: cached.clone(), source })?;
-    for (name, entry) in &entries {
-        let target = cached.join(name);
-        if check_local(store, &target, entry).is_ok() {
-            continue;
-        }
-        let bytes = store.read_file(entry).await?;
-        write_atomic(&target, &bytes)?;
-    }
-    Ok(cached)
-}
-
-/// Where checkpoints of non-local runs are materialised: `$XDG_CACHE_HOME/petting`, else
-/// the system temp dir. Read here rather than passed down because it only decides where
-/// verified copies live, never what a stage computes.
-fn cache_root() -> PathBuf {
-    match std::env::var_os("XDG_CACHE_HOME") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("petting"),
-        _ => std::env::temp_dir().join("petting-cache"),
-    }
-}
-
-/// Names the cache folder by the content it must hold: the sha256 of its (name, sha256) list.
-fn cache_key(entries: &[(&str, &FileEntry)]) -> String {
-    let mut lines: Vec<String> = entries.iter().map(|(name, e)| format!("{name} {}\n", e.sha256)).collect();
-    lines.sort();
-    store::sha256_hex(lines.concat().as_bytes())
-}
-
-/// The folder itself when the run is on local disk.
-fn local_dir(store: &RunStore, dir: &str) -> Option<PathBuf> {
-    let root = url::Url::parse(store.url()).ok().filter(|u| u.scheme() == "file")?.to_file_path().ok()?;
-    Some(root.join(dir))
-}
-
-/// Whether `local` holds the committed files and nothing else (a stray file could be
-/// picked up by the loader, e.g. an extra safetensors shard).
-fn holds_exactly(local: &Path, entries: &[(&str, &FileEntry)]) -> bool {
-    let Ok(read) = std::fs::read_dir(local) else { return false };
-    let mut found: Vec<String> = read.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into()).collect();
-    let mut wanted: Vec<String> = entries.iter().map(|(name, _)| name.to_string()).collect();
-    found.sort();
-    wanted.sort();
-    found == wanted
-}
-
-fn check_local(store: &RunStore, path: &Path, entry: &FileEntry) -> Result<(), Error> {
-    let corrupt = |expected: String, actual: String| store::Error::Corrupt {
-        url: store.url().to_string(),
-        path: entry.path.clone(),
-        expected,
-        actual,
-    };
-    let bytes = std::fs::metadata(path)
-        .map_err(|_| store::Error::MissingFile { url: store.url().to_string(), path: entry.path.clone() })?
-        .len();
-    if bytes != entry.bytes {
-        return Err(corrupt(format!("{} bytes", entry.bytes), format!("{bytes} bytes")).into());
-    }
-    let sha256 = model::sha256_file(path)?;
-    if sha256 != entry.sha256 {
-        return Err(corrupt(format!("sha256 {}", entry.sha256), format!("sha256 {sha256}")).into());
-    }
-    Ok(())
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let tmp = path.with_extension(format!("partial-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|source| Error::Cache { path: tmp.clone(), source })?;
-    std::fs::rename(&tmp, path).map_err(|source| Error::Cache { path: path.to_path_buf(), source })
-}
-
-/// A scratch folder for writing one checkpoint before it goes to the store; removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(label: &str) -> Result<Scratch, Error> {
-        let path = cache_root().join("writing").join(format!("{label}-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&path).map_err(|source| Error::Cache { path: path.clone(), source })?;
-        Ok(Scratch(path))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Writes every file of a local folder under `dir` of the attempt, in name order.
-async fn upload_dir(writer: &mut StageWriter<'_>, local: &Path, dir: &str) -> Result<(), Error> {
-    let read = std::fs::read_dir(local).map_err(|source| Error::Cache { path: local.to_path_buf(), source })?;
-    let mut names: Vec<String> = read.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into()).collect();
-    names.sort();
-    for name in names {
-        let path = local.join(&name);
-        let bytes = std::fs::read(&path).map_err(|source| Error::Cache { path: path.clone(), source })?;
-        writer.write_file(format!("{dir}/{name}"), Bytes::from(bytes)).await?;
-    }
-    Ok(())
-}
-
 /// Writes `loaded.policy` as version `version` of `loaded.name` (parent `version - 1`,
 /// none for v0) into the attempt, under `layout::checkpoint_dir`, and returns the entry
 /// for `CommitInfo::checkpoints`. A LoRA policy writes its adapter only; its base must be
@@ -402,52 +367,6 @@ pub async fn save(writer: &mut StageWriter<'_>, loaded: &LoadedPolicy, version: 
         dir,
         weights_sha256: meta.weights_sha256,
     })
-}
-
-fn write_meta(dir: &Path, meta: &CheckpointMeta) -> Result<(), Error> {
-    let mut text = serde_json::to_string_pretty(meta).expect("meta serialises");
-    text.push('\n');
-    write_atomic(&dir.join(META_FILE), text.as_bytes())
-}
-
-/// The weights files of a Hugging Face folder: `model.safetensors`, or the index and
-/// the shards it names. Returns (files, the file whose sha256 identifies the weights).
-fn weight_files(model_dir: &Path) -> Result<(Vec<String>, String), Error> {
-    let index = model_dir.join(WEIGHTS_INDEX_FILE);
-    if !index.exists() {
-        return Ok((vec![WEIGHTS_FILE.to_string()], WEIGHTS_FILE.to_string()));
-    }
-    let text = std::fs::read_to_string(&index).map_err(|source| Error::Cache { path: index.clone(), source })?;
-    let parsed: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| model::Error::Format { file: index.clone(), reason: format!("not valid JSON: {e}") })?;
-    let mut files: Vec<String> = parsed
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
-    files.sort();
-    files.dedup();
-    files.push(WEIGHTS_INDEX_FILE.to_string());
-    Ok((files, WEIGHTS_INDEX_FILE.to_string()))
-}
-
-/// Copies a pretrained Hugging Face folder byte for byte into the attempt under `dir`
-/// (config, weights, tokenizer files), so the run does not depend on the folder staying
-/// put. Returns the sha256 of the file that identifies the weights.
-async fn copy_folder(writer: &mut StageWriter<'_>, model_dir: &Path, dir: &str) -> Result<(String, String), Error> {
-    let (weights, identifying) = weight_files(model_dir)?;
-    let mut names: Vec<String> = HF_FILES.iter().map(|s| s.to_string()).chain(weights).collect();
-    names.retain(|n| n == &identifying || model_dir.join(n).exists());
-    let mut sha = String::new();
-    for name in names {
-        let path = model_dir.join(&name);
-        let bytes = std::fs::read(&path).map_err(|e| model::Error::Io { file: path.clone(), source: e })?;
-        if name == identifying {
-            sha = store::sha256_hex(&bytes);
-        }
-        writer.write_file(format!("{dir}/{name}"), Bytes::from(bytes)).await?;
-    }
-    Ok((identifying, sha))
 }
 
 /// Commits the pretrained folder `model_dir` itself as v0 of `name` (a full checkpoint).
@@ -493,7 +412,7 @@ pub async fn save_base(writer: &mut StageWriter<'_>, name: &str, model_dir: &Pat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{CommitMarker, Stage};
+    use crate::store::{CommitMarker, FileEntry, Stage};
 
     fn marker(path: &str, checkpoints: Vec<CheckpointRef>) -> StoredMarker {
         let json = serde_json::json!({
@@ -552,9 +471,9 @@ mod tests {
             rows: None,
         };
         let (a, b) = (entry("d/x", "1"), entry("d/y", "2"));
-        let key = cache_key(&[("x", &a), ("y", &b)]);
-        assert_eq!(key, cache_key(&[("y", &b), ("x", &a)]));
+        let key = files::cache_key(&[("x", &a), ("y", &b)]);
+        assert_eq!(key, files::cache_key(&[("y", &b), ("x", &a)]));
         let c = entry("d/y", "3");
-        assert_ne!(key, cache_key(&[("x", &a), ("y", &c)]));
+        assert_ne!(key, files::cache_key(&[("x", &a), ("y", &c)]));
     }
 }

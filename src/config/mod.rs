@@ -1,0 +1,493 @@
+//! The `iteration.yaml` schema: the run file assembled from the sections each module
+//! owns (`env` from `envs`, `workflow` from `workflows`, `policies` from `policies`,
+//! `rollout` and `evaluation` from their stages, `algorithm` from `algo`, …), loaded,
+//! overridden with `--set`, and validated once, here.
+//!
+//! Unknown keys and wrong types are errors naming the file, the key path and what is
+//! allowed; each section checks its own values and [`RunConfig::validate`] the rules
+//! that span sections (every workflow role has an agent, every agent's policy exists, …)
+//! right after parsing, so no stage ever meets a half-valid config. Paths inside the
+//! file are relative to the file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::algo::AlgorithmConfig;
+use crate::envs::EnvConfig;
+use crate::envs::dataset::DataConfig;
+use crate::policies::{ModelInit, PolicyConfig};
+use crate::stages::evaluate::{EvalMode, EvaluationConfig};
+use crate::stages::rollout::RolloutConfig;
+use crate::stages::update::UpdateConfig;
+use crate::stages::update::warm_start::WarmStartConfig;
+use crate::validate::{Invalid, check};
+use crate::workflows::{ALONE_OVER_TURNS, Role, WorkflowConfig, WorkflowKind};
+
+/// A problem with a config file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("cannot read {file}: {source}")]
+    Read { file: PathBuf, source: std::io::Error },
+
+    #[error("{file}: {}{message}", key_prefix(.key))]
+    Parse { file: PathBuf, key: Option<String>, message: String },
+
+    #[error("{file}: {key}: {message}")]
+    Invalid { file: PathBuf, key: String, message: String },
+}
+
+fn key_prefix(key: &Option<String>) -> String {
+    key.as_ref().map(|k| format!("{k}: ")).unwrap_or_default()
+}
+
+/// A whole run: `iteration.yaml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Where the run lives: a local path, file:///path, s3://bucket/prefix, gs://…, az://… or memory://.
+    pub store: String,
+    /// Name recorded in every row the run samples; defaults to the store's last path segment.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Seed of every random stream of the run (tasks, sampling, initialisation).
+    #[serde(default)]
+    pub seed: u64,
+    /// Training iterations to run (each: rollout, group, advantage, update, evaluate).
+    pub iterations: u32,
+    /// The environment and its parameters.
+    pub env: EnvConfig,
+    /// How many tasks prepare-data makes, or which dataset files it reads.
+    #[serde(default)]
+    pub data: DataConfig,
+    /// Who acts in which order.
+    pub workflow: WorkflowConfig,
+    /// Each workflow role and the policy that plays it.
+    pub agents: BTreeMap<Role, AgentConfig>,
+    /// The trainable policies, by name.
+    pub policies: BTreeMap<String, PolicyConfig>,
+    /// How training trajectories are sampled.
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    /// Advantage estimator and loss.
+    #[serde(default)]
+    pub algorithm: AlgorithmConfig,
+    /// Optimisation of each policy on its own samples.
+    #[serde(default)]
+    pub update: UpdateConfig,
+    /// Held-out evaluation.
+    #[serde(default)]
+    pub evaluation: EvaluationConfig,
+    /// Supervised warm start on solver demonstrations, building v0 of policies whose
+    /// model is initialised from scratch (the embedded default).
+    #[serde(default)]
+    pub warm_start: Option<WarmStartConfig>,
+    /// The stored run this one starts from (`pipeline run --from URL@K` sets it): that
+    /// run's policies of version K are this run's checkpoints of version K, and its
+    /// iterations run from K on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkConfig>,
+}
+
+/// A stored run and one of its iterations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkConfig {
+    /// The source run: a local path or a URL.
+    pub from: String,
+    /// Its iteration K: the run starts from the policies iteration K sampled with.
+    pub iteration: u32,
+    /// Replay (`URL@K:group`): copy the source's rollout of iteration K instead of sampling
+    /// it, so group, advantage and update run with this run's algorithm on exactly the
+    /// same turns. Everything that decides what rollout K samples must match the source.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay: bool,
+}
+
+impl std::str::FromStr for ForkConfig {
+    type Err = String;
+
+    /// `URL@K` or `URL@K:group`, e.g. `runs/plan-path@10` or `s3://bucket/runs/a@3:group`.
+    fn from_str(text: &str) -> Result<ForkConfig, String> {
+        let (from, rest) =
+            text.rsplit_once('@').ok_or_else(|| format!("{text:?} is not URL@K or URL@K:group (e.g. runs/a@10)"))?;
+        let (k, stage) = rest.split_once(':').map_or((rest, None), |(k, s)| (k, Some(s)));
+        let iteration = k.parse().map_err(|_| format!("{k:?} after '@' in {text:?} is not an iteration number"))?;
+        if from.is_empty() {
+            return Err(format!("{text:?} names no run before '@'"));
+        }
+        let replay = match stage {
+            None => false,
+            Some("group") => true,
+            Some(other) => {
+                return Err(format!(
+                    "{other:?} after ':' in {text:?}: a fork restarts at rollout (URL@K) or at group, \
+                     replaying rollout K (URL@K:group)"
+                ));
+            }
+        };
+        Ok(ForkConfig { from: from.to_string(), iteration, replay })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The policy (a key of `policies`) that plays this role.
+    pub policy: String,
+}
+
+/// A parsed, validated config and where it came from.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub config: RunConfig,
+    /// The file as written, frozen into the run as run.yaml.
+    pub text: String,
+    pub file: PathBuf,
+}
+
+impl LoadedConfig {
+    /// Folder that relative paths in the file are resolved against.
+    pub fn base_dir(&self) -> &Path {
+        self.file.parent().unwrap_or(Path::new("."))
+    }
+
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        self.base_dir().join(path)
+    }
+
+    /// The store URL, with a local path taken relative to the config file.
+    pub fn store_url(&self) -> String {
+        self.resolve_url(&self.config.store)
+    }
+
+    /// A URL as it is; a local path relative to the config file's folder.
+    fn resolve_url(&self, location: &str) -> String {
+        if location.contains("://") {
+            location.to_string()
+        } else {
+            absolute(&self.resolve(Path::new(location))).to_string_lossy().into_owned()
+        }
+    }
+
+    /// The config as a run freezes it: every default filled in and every local path
+    /// absolute, so stages reading it from the store need nothing else.
+    pub fn resolved(&self) -> RunConfig {
+        let mut config = self.config.clone();
+        config.store = self.store_url();
+        if let Some(fork) = &mut config.fork {
+            fork.from = self.resolve_url(&fork.from);
+        }
+        for policy in config.policies.values_mut() {
+            policy.model = absolute(&self.resolve(&policy.model));
+        }
+        for file in [&mut config.data.train_file, &mut config.data.test_file].into_iter().flatten() {
+            file.path = absolute(&self.resolve(&file.path));
+        }
+        config
+    }
+
+    /// The text of `run.yaml`: the resolved config as YAML, with where it came from.
+    pub fn frozen_yaml(&self) -> String {
+        let yaml = serde_saphyr::to_string(&self.resolved()).expect("a config always serialises");
+        format!("# Frozen by {} from {}\n{yaml}", crate::CODE_VERSION, absolute(&self.file).display())
+    }
+}
+
+/// Reads, parses and validates a config file.
+pub fn load(file: &Path) -> Result<LoadedConfig, Error> {
+    load_with(file, &[])
+}
+
+/// Reads a config file, sets the overridden keys in it, then parses and validates it.
+pub fn load_with(file: &Path, overrides: &[Override]) -> Result<LoadedConfig, Error> {
+    read(file, overrides)?.validate()
+}
+
+/// Reads a config file and sets the overridden keys in it, then parses it without
+/// validating: the run's fork may still be decided.
+pub fn read(file: &Path, overrides: &[Override]) -> Result<Draft, Error> {
+    let mut text = std::fs::read_to_string(file).map_err(|source| Error::Read { file: file.to_path_buf(), source })?;
+    if !overrides.is_empty() {
+        text = apply_overrides(&text, overrides, file)?;
+    }
+    let config = parse_unchecked(&text, file)?;
+    Ok(Draft(LoadedConfig { config, text, file: file.to_path_buf() }))
+}
+
+/// A config file read and parsed but not yet validated, because whether the run is a
+/// fork (`--from`, or the fork a stored run was started with) decides what is valid: a
+/// LoRA adapter on a model trained from scratch needs one.
+#[derive(Debug, Clone)]
+pub struct Draft(LoadedConfig);
+
+impl Draft {
+    /// The store URL, with a local path taken relative to the config file.
+    pub fn store_url(&self) -> String {
+        self.0.store_url()
+    }
+
+    pub fn fork(&self) -> Option<&ForkConfig> {
+        self.0.config.fork.as_ref()
+    }
+
+    /// The config as a run would freeze it (see [`LoadedConfig::resolved`]), unvalidated.
+    pub fn resolved(&self) -> RunConfig {
+        self.0.resolved()
+    }
+
+    /// Starts the run from `fork` (a local source path should be absolute: paths in the
+    /// file are relative to the file, this one is not from the file).
+    pub fn set_fork(&mut self, fork: ForkConfig) {
+        self.0.config.fork = Some(fork);
+    }
+
+    pub fn validate(self) -> Result<LoadedConfig, Error> {
+        let file = &self.0.file;
+        self.0.config.validate().map_err(|Invalid { key, message }| Error::Invalid {
+            file: file.clone(),
+            key,
+            message,
+        })?;
+        Ok(self.0)
+    }
+}
+
+/// `KEY=VALUE` from the command line: a dotted key of the file (`algorithm.alpha`) and a
+/// YAML value, which replaces the file's value before the file is parsed. Relative paths
+/// in values are taken relative to the file, like the file's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    pub key: String,
+    pub value: String,
+}
+
+impl std::str::FromStr for Override {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Override, String> {
+        let (key, value) =
+            text.split_once('=').ok_or_else(|| format!("{text:?} is not KEY=VALUE (e.g. algorithm.alpha=0.5)"))?;
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(format!("{key:?} in {text:?} is not a dotted key (e.g. algorithm.alpha)"));
+        }
+        Ok(Override { key: key.to_string(), value: value.to_string() })
+    }
+}
+
+fn apply_overrides(text: &str, overrides: &[Override], file: &Path) -> Result<String, Error> {
+    let parse_error = |message: String| Error::Parse { file: file.to_path_buf(), key: None, message };
+    let mut tree: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| parse_error(e.to_string()))?;
+    for Override { key, value } in overrides {
+        let value = serde_saphyr::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.clone()));
+        set_key(&mut tree, key, value).map_err(|message| Error::Invalid {
+            file: file.to_path_buf(),
+            key: key.clone(),
+            message,
+        })?;
+    }
+    Ok(serde_saphyr::to_string(&tree).expect("a YAML tree always serialises"))
+}
+
+/// Sets a dotted key in a YAML tree, creating the mappings on its way that are absent.
+fn set_key(tree: &mut serde_json::Value, key: &str, value: serde_json::Value) -> Result<(), String> {
+    let mut node = tree;
+    for part in key.split('.') {
+        if node.is_null() {
+            *node = serde_json::Value::Object(Default::default());
+        }
+        let serde_json::Value::Object(map) = node else {
+            return Err(format!("--set cannot set `{part}` inside a value that is not a mapping"));
+        };
+        node = map.entry(part).or_insert(serde_json::Value::Null);
+    }
+    *node = value;
+    Ok(())
+}
+
+/// Parses and validates config text; `file` only names it in errors.
+pub fn parse(text: &str, file: &Path) -> Result<RunConfig, Error> {
+    let config = parse_unchecked(text, file)?;
+    config.validate().map_err(|Invalid { key, message }| Error::Invalid { file: file.to_path_buf(), key, message })?;
+    Ok(config)
+}
+
+fn parse_unchecked(text: &str, file: &Path) -> Result<RunConfig, Error> {
+    let mut key = None;
+    let parsed = serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            key = (path != ".").then_some(path);
+            e.into_inner()
+        })
+    });
+    let config: RunConfig = parsed.map_err(|e| {
+        let message = e.to_string();
+        let message = message.strip_prefix("error: ").unwrap_or(&message).to_string();
+        Error::Parse { file: file.to_path_buf(), key, message }
+    })?;
+    Ok(config)
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    crate::store::absolute_path(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+impl RunConfig {
+    /// Every section's own checks, then the rules that span sections. Returns the key
+    /// path and the problem.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
+        self.validate_workflow()?;
+        self.data.validate(&self.env)?;
+        self.env.validate()?;
+        self.validate_agents()?;
+        for (name, policy) in &self.policies {
+            let key = format!("policies.{name}");
+            policy.validate(&key)?;
+            check(
+                policy.init != ModelInit::Scratch || policy.lora.is_none() || self.fork.is_some(),
+                format!("{key}.lora"),
+                "a LoRA adapter needs a pretrained base: use init: pretrained, or fork the run from a \
+                 warm-started one (--from runs/plan-path@0), or drop lora",
+            )?;
+        }
+        self.rollout.validate(self.data.train_tasks)?;
+        self.algorithm.validate()?;
+        self.update.validate()?;
+        self.evaluation.validate(self.data.test_tasks)?;
+        self.validate_evaluation_modes()?;
+        if let Some(fork) = &self.fork {
+            check(!fork.from.trim().is_empty(), "fork.from", "is empty; give the source run's path or URL")?;
+            check(
+                fork.iteration <= self.iterations,
+                "fork.iteration",
+                format!("is {}, past the run's last iteration ({})", fork.iteration, self.iterations),
+            )?;
+        }
+        if let Some(warm) = &self.warm_start {
+            check(
+                self.env.has_demonstrations(),
+                "warm_start",
+                "demonstrations exist for plan_path, sudoku, sokoban and tic_tac_toe; math and code start from a pretrained model",
+            )?;
+            warm.validate()?;
+        }
+        Ok(())
+    }
+
+    fn validate_workflow(&self) -> Result<(), Invalid> {
+        let (kind, env) = (self.workflow.kind, self.env.name());
+        check(
+            kind.plays(env),
+            "workflow.kind",
+            format!("{kind:?} cannot play {env}; it takes {:?}", WorkflowKind::playing(env)),
+        )?;
+        check(self.workflow.max_turns >= 1, "workflow.max_turns", "must be at least 1")?;
+        check(
+            !self.workflow.alone || kind.can_act_alone(),
+            "workflow.alone",
+            format!("only tool_planner's agents can act alone; in {kind:?} each agent's turn needs the other's"),
+        )?;
+        check(!self.workflow.alone || self.workflow.max_turns == 1, "workflow.alone", ALONE_OVER_TURNS)
+    }
+
+    fn validate_agents(&self) -> Result<(), Invalid> {
+        let roles = self.workflow.kind.roles();
+        for role in roles {
+            check(
+                self.agents.contains_key(role),
+                "agents",
+                format!("the {:?} workflow needs an agent `{role}`", self.workflow.kind),
+            )?;
+        }
+        for (role, agent) in &self.agents {
+            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+            check(
+                roles.contains(role),
+                format!("agents.{role}"),
+                format!("is not a role of {:?}, whose roles are {names:?}", self.workflow.kind),
+            )?;
+            let known: Vec<&String> = self.policies.keys().collect();
+            check(
+                self.policies.contains_key(&agent.policy),
+                format!("agents.{role}.policy"),
+                format!("names no policy `{}`; the policies are {known:?}", agent.policy),
+            )?;
+        }
+        for name in self.policies.keys() {
+            check(
+                self.agents.values().any(|a| &a.policy == name),
+                format!("policies.{name}"),
+                "is played by no agent",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The modes that need a workflow of a certain shape.
+    fn validate_evaluation_modes(&self) -> Result<(), Invalid> {
+        let modes = &self.evaluation.modes;
+        let kind = self.workflow.kind;
+        check(
+            !modes.contains(&EvalMode::Swapped) || kind.roles().len() == 2,
+            "evaluation.modes",
+            "swapped needs a workflow with two roles",
+        )?;
+        let alone = modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone));
+        check(
+            !alone || kind.can_act_alone(),
+            "evaluation.modes",
+            "alone and tool_alone need the tool_planner workflow",
+        )?;
+        check(!alone || self.workflow.max_turns == 1, "evaluation.modes", ALONE_OVER_TURNS)
+    }
+
+    /// The first iteration the run trains: 0, or the iteration it was forked from.
+    pub fn first_iteration(&self) -> u32 {
+        self.fork.as_ref().map_or(0, |f| f.iteration)
+    }
+
+    /// Which policy plays each role.
+    pub fn agent_policies(&self) -> HashMap<Role, String> {
+        self.agents.iter().map(|(role, agent)| (*role, agent.policy.clone())).collect()
+    }
+
+    /// The sections that decide what a rollout samples (given the weights) and that
+    /// differ between two configs: a replay copies turns only between equal ones.
+    pub fn sampling_differences(&self, other: &RunConfig) -> Vec<&'static str> {
+        fn json<T: Serialize>(value: &T) -> serde_json::Value {
+            serde_json::to_value(value).expect("a config always serialises")
+        }
+        let sections: [(&'static str, serde_json::Value, serde_json::Value); 6] = [
+            ("seed", json(&self.seed), json(&other.seed)),
+            ("env", json(&self.env), json(&other.env)),
+            ("data", json(&self.data), json(&other.data)),
+            ("workflow", json(&self.workflow), json(&other.workflow)),
+            ("agents", json(&self.agents), json(&other.agents)),
+            ("rollout", json(&self.rollout), json(&other.rollout)),
+        ];
+        sections.into_iter().filter(|(_, a, b)| a != b).map(|(name, _, _)| name).collect()
+    }
+
+    /// The run's name: `name`, or the last segment of the store URL.
+    pub fn run_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            let trimmed = self.store.trim_end_matches('/');
+            trimmed.rsplit('/').next().unwrap_or(trimmed).to_string()
+        })
+    }
+
+    /// sha256 of the resolved config (defaults filled in), so formatting and comments
+    /// do not count as a change but every setting does.
+    pub fn sha256(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a config always serialises");
+        hex::encode(Sha256::digest(json))
+    }
+}
+
+#[cfg(test)]
+mod tests;

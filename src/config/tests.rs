@@ -1,0 +1,189 @@
+//! Parsing, overrides and validation of run configs.
+
+use super::*;
+use crate::algo::Algorithm;
+use crate::envs::plan_path::PlanPathConfig;
+use crate::model::Device;
+
+const MINIMAL: &str = "
+store: runs/x
+iterations: 2
+env: {name: plan_path}
+workflow: {kind: tool_planner}
+agents:
+  tool: {policy: shared}
+  planner: {policy: shared}
+policies:
+  shared: {model: ../checkpoints/tiny}
+";
+
+fn parse_str(text: &str) -> Result<RunConfig, Error> {
+    parse(text, Path::new("it.yaml"))
+}
+
+fn error_of(text: &str) -> String {
+    parse_str(text).unwrap_err().to_string()
+}
+
+fn overridden(overrides: &[&str]) -> Result<RunConfig, Error> {
+    let overrides: Vec<Override> = overrides.iter().map(|o| o.parse().unwrap()).collect();
+    parse_str(&apply_overrides(MINIMAL, &overrides, Path::new("it.yaml"))?)
+}
+
+#[test]
+fn overrides_replace_nested_and_absent_keys() {
+    let config =
+        overridden(&["seed=7", "env.size=6", "algorithm.name=grpo", "store=s3://b/r", "policies.shared.lora.rank=4"])
+            .unwrap();
+    assert_eq!(config.seed, 7);
+    assert!(matches!(config.env, EnvConfig::PlanPath(PlanPathConfig { size: 6, .. })));
+    assert_eq!(config.algorithm.name, Algorithm::Grpo);
+    assert_eq!(config.store, "s3://b/r");
+    assert_eq!(config.policies["shared"].lora.as_ref().unwrap().rank, 4);
+}
+
+#[test]
+fn a_fork_restarts_at_rollout_or_replays_it() {
+    let fork: ForkConfig = "s3://b/runs/a@3".parse().unwrap();
+    assert_eq!((fork.from.as_str(), fork.iteration, fork.replay), ("s3://b/runs/a", 3, false));
+    let fork: ForkConfig = "runs/a@10:group".parse().unwrap();
+    assert_eq!((fork.from.as_str(), fork.iteration, fork.replay), ("runs/a", 10, true));
+    assert!("runs/a@1:advantage".parse::<ForkConfig>().unwrap_err().contains("URL@K:group"));
+    assert!("runs/a".parse::<ForkConfig>().is_err() && "@1".parse::<ForkConfig>().is_err());
+}
+
+#[test]
+fn a_bad_override_names_its_key() {
+    let message = overridden(&["iterations=many"]).unwrap_err().to_string();
+    assert!(message.starts_with("it.yaml: iterations: "), "{message}");
+    let message = overridden(&["iterations.low=1"]).unwrap_err().to_string();
+    assert!(message.starts_with("it.yaml: iterations.low: --set cannot set `low`"), "{message}");
+    assert!("seed".parse::<Override>().is_err() && "a..b=1".parse::<Override>().is_err());
+}
+
+#[test]
+fn a_minimal_config_gets_the_documented_defaults() {
+    let config = parse_str(MINIMAL).unwrap();
+    assert_eq!(config.rollout.k, 4);
+    assert_eq!(config.algorithm.name, Algorithm::AtGrpo);
+    assert_eq!(config.algorithm.alpha, 1.0);
+    assert_eq!(config.evaluation.sampling.temperature, 0.0);
+    assert_eq!(config.env, EnvConfig::PlanPath(PlanPathConfig::default()));
+    assert_eq!(config.policies["shared"].device, Device::Cpu);
+    assert_eq!(config.run_name(), "x");
+}
+
+#[test]
+fn an_unknown_key_names_its_path_and_the_allowed_keys() {
+    let message = error_of(&MINIMAL.replace("iterations: 2", "iterations: 2\nrollout: {kk: 3}"));
+    assert!(message.starts_with("it.yaml: rollout"), "{message}");
+    assert!(message.contains("unknown field `kk`, expected one of tasks_per_iteration, k, "), "{message}");
+    assert!(message.contains("line 4 column 11"), "{message}");
+}
+
+#[test]
+fn a_wrong_type_names_its_path_and_the_expected_type() {
+    let message = error_of(&MINIMAL.replace("iterations: 2", "iterations: two"));
+    assert!(message.starts_with("it.yaml: iterations: "), "{message}");
+    assert!(message.contains("u32") || message.contains("integer"), "{message}");
+}
+
+#[test]
+fn a_nested_wrong_type_names_the_full_path() {
+    let message = error_of(&MINIMAL.replace("{model: ../checkpoints/tiny}", "{model: m, lora: {rank: big}}"));
+    assert!(message.starts_with("it.yaml: policies.shared.lora.rank: "), "{message}");
+}
+
+#[test]
+fn an_unknown_env_lists_the_environments() {
+    let message = error_of(&MINIMAL.replace("name: plan_path", "name: chess"));
+    assert!(message.contains("chess") && message.contains("plan_path") && message.contains("sokoban"), "{message}");
+}
+
+#[test]
+fn an_unknown_env_parameter_is_refused() {
+    let message = error_of(&MINIMAL.replace("name: plan_path", "name: plan_path, sise: 6"));
+    assert!(message.contains("unknown field `sise`, expected one of size, "), "{message}");
+}
+
+#[test]
+fn malformed_yaml_is_a_parse_error_with_a_location() {
+    let message = error_of("store: [unclosed\niterations: 2\n");
+    assert!(message.starts_with("it.yaml: "), "{message}");
+    assert!(message.contains("line"), "{message}");
+}
+
+#[test]
+fn an_agent_must_name_an_existing_policy() {
+    let message = error_of(&MINIMAL.replace("planner: {policy: shared}", "planner: {policy: other}"));
+    assert_eq!(message, "it.yaml: agents.planner.policy: names no policy `other`; the policies are [\"shared\"]");
+}
+
+#[test]
+fn every_role_of_the_workflow_needs_an_agent() {
+    let message = error_of(&MINIMAL.replace("  planner: {policy: shared}\n", ""));
+    assert!(message.contains("agents: the ToolPlanner workflow needs an agent `planner`"), "{message}");
+}
+
+#[test]
+fn a_workflow_must_fit_the_environment() {
+    let message = error_of(&MINIMAL.replace("kind: tool_planner", "kind: coder_tester"));
+    assert!(message.contains("workflow.kind: CoderTester cannot play plan_path"), "{message}");
+}
+
+#[test]
+fn only_tool_and_planner_play_alone_and_in_one_turn() {
+    let modes = "evaluation.modes=[multi_agent, alone, tool_alone]";
+    let config = overridden(&["workflow.alone=true", "workflow.max_turns=1", modes]).unwrap();
+    assert!(config.workflow.alone);
+    assert_eq!(config.evaluation.modes, [EvalMode::MultiAgent, EvalMode::Alone, EvalMode::ToolAlone]);
+    let single = MINIMAL.replace("kind: tool_planner", "kind: single_agent").replace(
+        "agents:\n  tool: {policy: shared}\n  planner: {policy: shared}",
+        "agents:\n  agent: {policy: shared}",
+    );
+    let message = error_of(&single.replace("kind: single_agent", "kind: single_agent, alone: true"));
+    assert!(message.contains("workflow.alone: only tool_planner's agents can act alone"), "{message}");
+    for mode in ["alone", "tool_alone"] {
+        let message = error_of(&format!("{single}evaluation: {{modes: [{mode}]}}\n"));
+        assert!(message.contains("evaluation.modes: alone and tool_alone need the tool_planner"), "{message}");
+    }
+    for (set, key) in [("workflow.alone=true", "workflow.alone"), ("evaluation.modes=[tool_alone]", "evaluation.modes")]
+    {
+        let message = overridden(&[set, "workflow.max_turns=2"]).unwrap_err().to_string();
+        assert!(message.contains(&format!("{key}: acting alone needs workflow.max_turns: 1")), "{message}");
+    }
+}
+
+#[test]
+fn devices_parse_and_bad_ones_are_named() {
+    let config = parse_str(&MINIMAL.replace("{model: ../checkpoints/tiny}", "{model: m, device: \"cuda:1\"}")).unwrap();
+    assert_eq!(config.policies["shared"].device, Device::Cuda(1));
+    let message = error_of(&MINIMAL.replace("{model: ../checkpoints/tiny}", "{model: m, device: tpu}"));
+    assert!(message.contains("policies.shared.device") && message.contains("cpu, cuda or cuda:N"), "{message}");
+}
+
+#[test]
+fn demonstration_shares_must_sum_to_one() {
+    let message = error_of(&MINIMAL.replace("name: plan_path", "name: plan_path, demonstrations: {tool_bfs: 0.5}"));
+    assert!(message.contains("env.demonstrations: the tool_* shares sum to 1.35"), "{message}");
+}
+
+#[test]
+fn the_frozen_config_parses_back_with_absolute_paths() {
+    let loaded =
+        LoadedConfig { config: parse_str(MINIMAL).unwrap(), text: MINIMAL.into(), file: "/etc/petting/it.yaml".into() };
+    let frozen = parse(&loaded.frozen_yaml(), Path::new("run.yaml")).unwrap();
+    assert_eq!(frozen.store, "/etc/petting/runs/x");
+    assert_eq!(frozen.policies["shared"].model, Path::new("/etc/checkpoints/tiny"));
+    assert_eq!(frozen.rollout, loaded.config.rollout);
+    assert_eq!(frozen, loaded.resolved());
+}
+
+#[test]
+fn the_hash_ignores_formatting_but_not_settings() {
+    let a = parse_str(MINIMAL).unwrap();
+    let b = parse_str(&format!("# a comment\n{MINIMAL}")).unwrap();
+    let c = parse_str(&MINIMAL.replace("iterations: 2", "iterations: 3")).unwrap();
+    assert_eq!(a.sha256(), b.sha256());
+    assert_ne!(a.sha256(), c.sha256());
+}

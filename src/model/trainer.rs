@@ -1,0 +1,248 @@
+//! Optimising a policy's trainable weights: AdamW over the whole model (full
+//! fine-tuning) or over one adapter, gradient-norm clipping as torch's
+//! `clip_grad_norm_`, and the two steps the update stage takes: supervised (the SFT
+//! warm start) and PPO-clip.
+//!
+//! `algo::loss` writes the PPO-clip terms as pure functions; [`ppo_clip_tensor`] is the
+//! same on tensors, and a test keeps the two equal.
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use super::{Error, MicroBatch, Policy, Result, ScoreRequest};
+use crate::algo::loss::Aggregation;
+use crate::algo::schedule::{Schedule, learning_rate};
+use crate::validate::{Invalid, check};
+
+/// AdamW settings (`policies.<name>.optimizer`, `warm_start.optimizer`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Adam betas.
+    pub betas: [f64; 2],
+    /// Adam epsilon.
+    pub eps: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: u32,
+    /// Learning-rate schedule after warm-up.
+    pub schedule: Schedule,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            lr: 1e-6,
+            weight_decay: 0.01,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// The learning rate of step `step` of `total`.
+    pub fn learning_rate(&self, step: u64, total: u64) -> f64 {
+        learning_rate(self.lr, self.warmup_steps, self.schedule, step, total)
+    }
+
+    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
+        check(self.lr > 0.0, format!("{key}.lr"), "must be positive")?;
+        let [b1, b2] = self.betas;
+        check((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2), format!("{key}.betas"), "must both be in [0, 1)")
+    }
+}
+
+/// How a step splits its batch: micro-batches of at most `max_tokens` padded tokens,
+/// with activations recomputed in the backward pass when `checkpointing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroBatching {
+    pub max_tokens: usize,
+    pub checkpointing: bool,
+}
+
+/// The PPO-clip objective's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PpoClip {
+    pub epsilon: f64,
+    pub aggregation: Aggregation,
+}
+
+/// What one optimiser step saw.
+#[derive(Debug)]
+pub struct StepResult {
+    /// Each request's response logprobs before the step (the forward it trained on).
+    pub logprobs: Vec<Vec<f32>>,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+}
+
+/// AdamW over a policy's trainable variables: one adapter's for LoRA, else the whole model's.
+pub struct Trainer {
+    optimizer: tch::nn::Optimizer,
+    variables: Vec<Tensor>,
+    grad_clip: f64,
+}
+
+impl Trainer {
+    pub fn new(policy: &Policy, adapter: Option<&str>, config: &OptimizerConfig, grad_clip: f64) -> Result<Trainer> {
+        use tch::nn::OptimizerConfig as _;
+        let vs = match adapter {
+            Some(name) => policy.adapter_var_store(name)?,
+            None => policy.var_store(),
+        };
+        let adamw = tch::nn::AdamW {
+            beta1: config.betas[0],
+            beta2: config.betas[1],
+            wd: config.weight_decay,
+            eps: config.eps,
+            amsgrad: false,
+        };
+        let optimizer =
+            adamw.build(vs, config.lr).map_err(|source| Error::Torch { context: "AdamW".into(), source })?;
+        Ok(Trainer { optimizer, variables: vs.trainable_variables(), grad_clip })
+    }
+
+    /// A supervised step: the token-mean negative log-likelihood of the responses.
+    pub fn sft_step(
+        &mut self,
+        policy: &mut Policy,
+        batch: &[ScoreRequest],
+        micro: MicroBatching,
+        seed: u64,
+        lr: f64,
+    ) -> Result<StepResult> {
+        let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
+        self.optimizer.zero_grad();
+        let logprobs = policy.backward(batch, micro.max_tokens, micro.checkpointing, seed, &mut |mb| {
+            Ok(-(&mb.logprobs * &mb.mask).sum(Kind::Float) / tokens as f64)
+        })?;
+        Ok(self.step(lr, logprobs))
+    }
+
+    /// A PPO-clip step on `batch`, whose request i has the old logprobs `old[i]` and the
+    /// advantage `advantages[i]` (broadcast to every response token).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ppo_step(
+        &mut self,
+        policy: &mut Policy,
+        batch: &[ScoreRequest],
+        old: &[&[f32]],
+        advantages: &[f64],
+        clip: PpoClip,
+        micro: MicroBatching,
+        seed: u64,
+        lr: f64,
+    ) -> Result<StepResult> {
+        let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
+        let weight = clip.aggregation.token_weight(tokens, batch.len());
+        let device = policy.device();
+        self.optimizer.zero_grad();
+        let logprobs =
+            policy.backward(batch, micro.max_tokens, micro.checkpointing, seed, &mut |mb: &MicroBatch| {
+                let old_t = padded(mb.indices.iter().map(|&i| old[i]), &mb.logprobs, device);
+                let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i] as f32).collect();
+                let adv_t = Tensor::from_slice(&adv).view([-1, 1]).to_device(device);
+                Ok(ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mb.mask, clip.epsilon) * weight)
+            })?;
+        Ok(self.step(lr, logprobs))
+    }
+
+    /// Clips the accumulated gradients and takes the optimiser step at `lr`.
+    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>) -> StepResult {
+        let grad_norm = clip_grad_norm(&self.variables, self.grad_clip);
+        self.optimizer.set_lr(lr);
+        self.optimizer.step();
+        StepResult { logprobs, grad_norm }
+    }
+}
+
+/// Values of `rows` right-padded with zeros to the (b, T) shape of `like`.
+fn padded<'a>(rows: impl Iterator<Item = &'a [f32]>, like: &Tensor, device: tch::Device) -> Tensor {
+    let (b, t) = like.size2().expect("(b, T) logprobs");
+    let mut flat = vec![0f32; (b * t) as usize];
+    for (r, values) in rows.enumerate() {
+        flat[r * t as usize..r * t as usize + values.len()].copy_from_slice(values);
+    }
+    Tensor::from_slice(&flat).view([b, t]).to_device(device)
+}
+
+/// `algo::loss::ppo_clip_token` on tensors, summed over the real tokens: logp, old and
+/// mask are (b, T), advantage is (b, 1), broadcast to every token.
+pub fn ppo_clip_tensor(logp: &Tensor, old: &Tensor, advantage: &Tensor, mask: &Tensor, clip_epsilon: f64) -> Tensor {
+    let ratio = (logp - old).exp();
+    let pg_loss1 = -advantage * &ratio;
+    let pg_loss2 = -advantage * ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon);
+    (pg_loss1.maximum(&pg_loss2) * mask).sum(Kind::Float)
+}
+
+/// Scales the gradients so their global L2 norm is at most `max_norm` (as torch's
+/// `clip_grad_norm_`); returns the norm before clipping.
+pub fn clip_grad_norm(variables: &[Tensor], max_norm: f64) -> f64 {
+    tch::no_grad(|| {
+        let grads: Vec<Tensor> = variables.iter().map(Tensor::grad).filter(Tensor::defined).collect();
+        if grads.is_empty() {
+            return 0.0;
+        }
+        let squares: Vec<Tensor> = grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double)).collect();
+        let norm = Tensor::stack(&squares, 0).sum(Kind::Double).sqrt().double_value(&[]);
+        let coefficient = max_norm / (norm + 1e-6);
+        if coefficient < 1.0 {
+            for mut g in grads {
+                let _ = g.g_mul_scalar_(coefficient);
+            }
+        }
+        norm
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::loss::ppo_clip_loss;
+
+    #[test]
+    fn the_tensor_loss_equals_the_pure_function() {
+        // Two sequences of 3 and 1 tokens, ratios on both sides of the clip range.
+        let new = [[-1.0f32, -0.5, -2.0], [-0.3, 0.0, 0.0]];
+        let old = [[-1.3f32, -0.5, -1.0], [-0.2, 0.0, 0.0]];
+        let lens = [3usize, 1];
+        let adv = [1.5f64, -0.7];
+        let t = |v: &[[f32; 3]; 2]| Tensor::from_slice(&v.concat()).view([2, 3]);
+        let mask = Tensor::from_slice(&[1f32, 1., 1., 1., 0., 0.]).view([2, 3]);
+        let adv_t = Tensor::from_slice(&[adv[0] as f32, adv[1] as f32]).view([2, 1]);
+        let pairs: Vec<Vec<(f64, f64)>> =
+            (0..2).map(|r| (0..lens[r]).map(|j| (f64::from(new[r][j]), f64::from(old[r][j]))).collect()).collect();
+        let seqs: Vec<(&[(f64, f64)], f64)> = pairs.iter().zip(adv).map(|(p, a)| (p.as_slice(), a)).collect();
+        for aggregation in [Aggregation::TokenMean, Aggregation::SequenceSum { normaliser: 5.0 }] {
+            let expected = ppo_clip_loss(&seqs, 0.2, aggregation);
+            let sum = ppo_clip_tensor(&t(&new), &t(&old), &adv_t, &mask, 0.2);
+            let got = sum.double_value(&[]) * aggregation.token_weight(4, 2);
+            assert!((got - expected.loss).abs() < 1e-6, "{aggregation:?}: {got} vs {}", expected.loss);
+        }
+        // And by hand for the token mean: ratios e^0.3, 1, e^-1 (A = 1.5), e^-0.1 (A = -0.7).
+        let by_hand = (-1.5 * 1.2 - 1.5 - 1.5 * (-1.0f64).exp() + 0.7 * (-0.1f64).exp()) / 4.0;
+        let expected = ppo_clip_loss(&seqs, 0.2, Aggregation::TokenMean).loss;
+        assert!((by_hand - expected).abs() < 1e-6, "{by_hand} vs {expected}");
+    }
+
+    #[test]
+    fn gradient_clipping_scales_to_the_limit_and_reports_the_norm() {
+        let a = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let b = Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        // Gradients (3, 0) and (4): global norm 5.
+        let loss = (&a * Tensor::from_slice(&[3f32, 0.])).sum(Kind::Float) + (&b * 4.0).sum(Kind::Float);
+        loss.backward();
+        let norm = clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 1.0);
+        assert!((norm - 5.0).abs() < 1e-9);
+        let clipped = Vec::<f32>::try_from(a.grad()).unwrap();
+        assert!((clipped[0] - 0.6).abs() < 1e-5 && (b.grad().double_value(&[0]) - 0.8).abs() < 1e-5);
+        // Under the limit nothing changes.
+        assert!((clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 10.0) - 1.0).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,210 @@
+//! Running a run from its config file, as `petting pipeline run` does: create or resume
+//! the run (refusing a changed config unless allowed), check a fork before the new run
+//! exists, then run every pending stage in schedule order, or this worker's part of it
+//! while other workers run the rest.
+//!
+//! ```text
+//!  open(loaded, options) ──► Opened { store, config, pending, … }   run.yaml frozen or compared
+//!  run(opened, options, progress, events)                           stage by stage, resumable
+//! ```
+//!
+//! The driver never prints: what a person wants to hear about comes to the caller as
+//! [`Event`]s.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::config::{self, ForkConfig, RunConfig};
+use crate::inspect::summary;
+use crate::progress::Progress;
+use crate::stages::{self, replay, update};
+use crate::store::layout::RUN_CONFIG;
+use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] config::Error),
+
+    #[error(transparent)]
+    Store(#[from] store::Error),
+
+    #[error(transparent)]
+    Stage(#[from] stages::Error),
+
+    #[error("{stage} failed")]
+    StageFailed { stage: StageId, source: Box<stages::Error> },
+
+    #[error(
+        "{url} was started with a different config (sha256 {stored} there, {given} in {file}); \
+         resume with the new one by adding --allow-config-change"
+    )]
+    ConfigChanged { url: String, stored: String, given: String, file: String },
+
+    #[error("--from names the run's own store {url}; a fork needs a new store")]
+    ForkIntoItself { url: String },
+
+    #[error("--from {from}: {source}")]
+    ForkSource { from: String, source: std::io::Error },
+
+    #[error(transparent)]
+    Summary(#[from] crate::inspect::Error),
+}
+
+/// How `petting pipeline run` was asked to run.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Start the run from a stored iteration of another (`--from URL@K[:group]`).
+    pub from: Option<ForkConfig>,
+    /// Resume even though the config differs from the one the run started with.
+    pub allow_config_change: bool,
+    /// Stop before this stage (`rollout:3`, `update` for the run-level one).
+    pub until: Option<String>,
+    /// Run only this worker's part of each stage, waiting for the others' commits.
+    pub worker: Option<Shard>,
+}
+
+/// What happened, for the caller to report.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The run resumes with a changed config, recorded at this path of the store.
+    ConfigChanged { recorded_as: &'a str },
+    /// Stages already committed when the run started.
+    Resuming { committed: usize, total: usize },
+    /// `--until` stopped the run before this stage.
+    StoppedBefore(StageId),
+    /// This process committed a stage (its part, for a worker).
+    Committed { stage: StageId, marker: &'a CommitMarker, seconds: f64, elapsed: f64 },
+    /// This process committed iteration k's update: the iteration's summary line.
+    IterationDone { iteration: u32, summary: &'a str },
+    /// Every stage is committed: held-out success per version and where the time went.
+    Finished { summary: &'a str },
+}
+
+/// A run ready to go: its store, its frozen config and the stages left to run.
+#[derive(Debug)]
+pub struct Opened {
+    pub store: RunStore,
+    pub config: RunConfig,
+    pub pending: Vec<StageId>,
+}
+
+/// Creates the run (freezing its config) or resumes it. The fork is `--from`, else the
+/// file's `fork:`, else the one the stored run was started with (resuming a fork needs
+/// no `--from`); a new fork's source is checked before the run exists, then the config
+/// is validated with its fork. A changed config is refused unless
+/// `options.allow_config_change`.
+pub async fn open(mut draft: config::Draft, options: &Options, events: &mut dyn FnMut(Event)) -> Result<Opened, Error> {
+    if let Some(fork) = &options.from {
+        draft.set_fork(fork_from_here(fork)?);
+    }
+    let store = RunStore::open(&draft.store_url())?;
+    let run_yaml = Path::new(store.url()).join(RUN_CONFIG);
+    let existing = store.run_config().await?;
+    let new_fork = draft.fork().is_some() && (existing.is_none() || options.from.is_some());
+    if new_fork {
+        check_fork(&draft.resolved()).await?;
+    } else if let (None, Some(stored)) = (draft.fork(), &existing)
+        && let Some(fork) = config::parse(stored, &run_yaml)?.fork
+    {
+        // A fork resumes like any run: its origin is in run.yaml.
+        draft.set_fork(fork);
+    }
+    let loaded = draft.validate()?;
+    let config = loaded.resolved();
+    let stored = store.init_config(&loaded.frozen_yaml()).await?;
+    let previous = config::parse(&stored, &run_yaml)?;
+    if previous.sha256() != config.sha256() {
+        if !options.allow_config_change {
+            return Err(Error::ConfigChanged {
+                url: store.url().to_string(),
+                stored: previous.sha256()[..12].to_string(),
+                given: config.sha256()[..12].to_string(),
+                file: loaded.file.display().to_string(),
+            });
+        }
+        let path = store.record_config_change(&loaded.frozen_yaml(), &previous.sha256()).await?;
+        events(Event::ConfigChanged { recorded_as: &path });
+    }
+    let pending = super::pending(&store, &config).await?;
+    Ok(Opened { store, config, pending })
+}
+
+/// Runs the pending stages in order: each one, or this worker's part of it, then (for
+/// a worker) waits until every part is committed.
+pub async fn run(
+    opened: &Opened,
+    options: &Options,
+    progress: &dyn Progress,
+    events: &mut dyn FnMut(Event),
+) -> Result<(), Error> {
+    let Opened { store, config, pending } = opened;
+    let total = super::schedule(config).len();
+    if pending.len() < total {
+        events(Event::Resuming { committed: total - pending.len(), total });
+    }
+    let started = Instant::now();
+    for &id in pending {
+        if options.until.as_deref() == Some(&stop_name(id)) {
+            events(Event::StoppedBefore(id));
+            return Ok(());
+        }
+        let part = options.worker.map_or(Some(id), |worker| super::worker_part(id, worker));
+        if let Some(part) = part
+            && store.marker(&part).await?.is_none()
+        {
+            let stage_started = Instant::now();
+            let marker = super::run_stage(store, config, part, progress)
+                .await
+                .map_err(|source| Error::StageFailed { stage: part, source: Box::new(source) })?;
+            events(Event::Committed {
+                stage: part,
+                marker: &marker,
+                seconds: stage_started.elapsed().as_secs_f64(),
+                elapsed: started.elapsed().as_secs_f64(),
+            });
+            if let (Stage::Update, Some(k)) = (id.stage, id.iteration) {
+                let summary = summary::iteration(store, config, k).await?;
+                events(Event::IterationDone { iteration: k, summary: &summary });
+            }
+        }
+        if options.worker.is_some() {
+            super::wait_until_committed(store, id, Duration::from_millis(500)).await?;
+        }
+    }
+    events(Event::Finished { summary: &summary::run(store).await? });
+    Ok(())
+}
+
+/// `rollout:3` for rollout of iteration 3, `update` for the run-level one.
+pub fn stop_name(id: StageId) -> String {
+    match id.iteration {
+        Some(k) => format!("{}:{k}", id.stage),
+        None => id.stage.to_string(),
+    }
+}
+
+/// The fork with a local source path made absolute against the working directory.
+fn fork_from_here(fork: &ForkConfig) -> Result<ForkConfig, Error> {
+    if fork.from.contains("://") {
+        return Ok(fork.clone());
+    }
+    let path = store::absolute_path(Path::new(&fork.from))
+        .map_err(|source| Error::ForkSource { from: fork.from.clone(), source })?;
+    Ok(ForkConfig { from: path.to_string_lossy().into_owned(), ..fork.clone() })
+}
+
+/// Refuses a fork into its own source or from a missing iteration, before the new run exists.
+async fn check_fork(config: &RunConfig) -> Result<(), Error> {
+    let fork = config.fork.as_ref().expect("a fork");
+    let (source, target) = (RunStore::open(&fork.from)?, RunStore::open(&config.store)?);
+    if source.url() == target.url() {
+        return Err(Error::ForkIntoItself { url: target.url().to_string() });
+    }
+    update::check_fork(config).await?;
+    if fork.replay {
+        replay::check(config, fork).await?;
+    }
+    Ok(())
+}

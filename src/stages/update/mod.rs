@@ -1,0 +1,422 @@
+//! update: trains each policy on its own samples and commits its next version.
+//!
+//! ```text
+//!  run-level  initialise ──► _commits/update.json            v0 of every policy
+//!             (initialise.rs; the SFT warm start of scratch policies in warm_start.rs)
+//!
+//!  iteration k  run ──► _commits/iteration=k/update.json     v(k+1) of every policy
+//!    1. checks, before anything is written (checks.rs, strict on-policy, DESIGN §3):
+//!       latest committed version of each policy == k; the rollout marker's PolicyRef
+//!       (version, weights sha256) == that checkpoint; every turns part the rollout
+//!       names is under turns/iteration=k/; every turns and samples row carries v_k;
+//!       the samples were computed from this rollout
+//!    2. per policy (its own samples only, joined to turns by candidate_id):
+//!       recompute the response logprobs with the loaded weights (drift vs sampled;
+//!       mean drift > update.max_logprob_drift is an error), then PPO-clip steps
+//!       (a failure here, e.g. drift, may leave the earlier policies' new files as
+//!       orphans for `petting gc`; the checks of step 1 and every checkpoint's hashes
+//!       come before the first write)
+//!    3. one marker: the checkpoints v(k+1), the updates table, the versions used
+//! ```
+//!
+//! The recomputed logprobs are the PPO "old" logprobs: on-policy they equal the sampled
+//! ones up to numerics (bf16 sampling vs f32 training, batching), and using them makes
+//! the first step's ratio exactly 1. Sample order is a seeded shuffle keyed by (run
+//! seed, iteration, policy, epoch), so a rerun on CPU writes the same weights bit for bit.
+//!
+//! A fresh AdamW is built per update (optimiser state is not checkpointed). Its
+//! learning-rate schedule is placed on a run-wide step axis that assumes every iteration
+//! takes as many steps as this one: step = k · steps_k + s of iterations · steps_k.
+//!
+//! `updates.entropy` is the mean of −log π(token) over the mini-batch's sampled tokens
+//! under the pre-step weights: the token entropy in expectation when the rollout sampled
+//! at temperature 1 without top-p/top-k (a cross-entropy otherwise); full-vocabulary
+//! entropy would need the (N, V) logits the training forward avoids. SFT rows record 0.
+
+mod checks;
+mod initialise;
+pub mod warm_start;
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::loss::ppo_clip_loss;
+use crate::config::RunConfig;
+use crate::model::{MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer};
+use crate::policies;
+use crate::progress::{Progress, phase};
+use crate::rng::{Key, name_key, permutation, stream};
+use crate::schema::Table;
+use crate::store::{CommitInfo, CommitMarker, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
+use crate::tables::{self, SampleRow, TurnRow, UpdateRow};
+use crate::validate::{Invalid, check};
+
+use super::inputs;
+use checks::TrainingSet;
+pub use initialise::{check_fork, initialise};
+
+/// `update:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpdateConfig {
+    /// Passes over the iteration's samples.
+    pub epochs: u32,
+    /// Sequences per optimiser step.
+    pub mini_batch_sequences: u32,
+    /// Tokens per forward/backward pass; bounds memory, not the step.
+    pub micro_batch_tokens: u32,
+    /// Global gradient-norm clip.
+    pub grad_clip: f64,
+    /// Recompute activations in the backward pass to save memory.
+    pub gradient_checkpointing: bool,
+    /// Largest mean |recomputed - sampled| token logprob accepted before the first step;
+    /// more means the weights or the sampler are wrong, and the update refuses.
+    pub max_logprob_drift: f64,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        UpdateConfig {
+            epochs: 1,
+            mini_batch_sequences: 64,
+            micro_batch_tokens: 8192,
+            grad_clip: 1.0,
+            gradient_checkpointing: false,
+            max_logprob_drift: 0.05,
+        }
+    }
+}
+
+impl UpdateConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(self.epochs >= 1, "update.epochs", "must be at least 1")?;
+        check(self.mini_batch_sequences >= 1, "update.mini_batch_sequences", "must be at least 1")?;
+        check(self.micro_batch_tokens >= 1, "update.micro_batch_tokens", "must be at least 1")?;
+        check(self.grad_clip > 0.0, "update.grad_clip", "must be positive")?;
+        check(self.max_logprob_drift > 0.0, "update.max_logprob_drift", "must be positive")
+    }
+
+    fn micro_batching(&self) -> MicroBatching {
+        MicroBatching { max_tokens: self.micro_batch_tokens as usize, checkpointing: self.gradient_checkpointing }
+    }
+}
+
+/// Why an update refuses to run (the on-policy checks) or a policy cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("policy {policy:?} has no committed checkpoint; commit v0 first (the run-level update, `initialise`)")]
+    NoCheckpoint { policy: String },
+
+    #[error(
+        "refusing to update {policy:?} in iteration {iteration}: the update of iteration {iteration} trains \
+         v{iteration}, but the latest committed checkpoint is v{latest}; nothing was written"
+    )]
+    NotAligned { policy: String, iteration: u32, latest: u32 },
+
+    #[error(
+        "refusing to update {policy:?} in iteration {iteration}: the rollout ({marker}) sampled v{rollout_version} \
+         with weights sha256 {rollout_sha256}, but the latest committed checkpoint is v{version} with weights \
+         sha256 {checkpoint_sha256}; nothing was written"
+    )]
+    WeightsMismatch {
+        policy: String,
+        iteration: u32,
+        marker: String,
+        rollout_version: u32,
+        rollout_sha256: String,
+        version: u32,
+        checkpoint_sha256: String,
+    },
+
+    #[error(
+        "refusing to update iteration {iteration}: policy {policy:?} has turns, but the rollout marker does not \
+         record which weights sampled them; nothing was written"
+    )]
+    UnrecordedPolicy { policy: String, iteration: u32 },
+
+    #[error(
+        "refusing to update iteration {iteration}: the rollout marker {marker} names {path}, which is not a turns \
+         part of iteration {iteration}; nothing was written"
+    )]
+    ForeignPart { iteration: u32, marker: String, path: String },
+
+    #[error(
+        "refusing to update {policy:?} in iteration {iteration}: {table} row {candidate_id} was sampled by \
+         v{found}, but the latest committed checkpoint is v{expected}; nothing was written"
+    )]
+    RowVersion { policy: String, iteration: u32, table: Table, candidate_id: String, found: u32, expected: u32 },
+
+    #[error("{table} row {candidate_id} names policy {policy:?}, which is not one of the run's policies")]
+    UnknownPolicy { table: Table, candidate_id: String, policy: String },
+
+    #[error("samples row {candidate_id} of iteration {iteration} has no turns row in the rollout")]
+    MissingTurn { iteration: u32, candidate_id: String },
+
+    #[error("candidate {candidate_id}: {reason}")]
+    BadRow { candidate_id: String, reason: String },
+
+    #[error(
+        "refusing to update iteration {iteration}: the samples ({advantage}) were not computed from the committed \
+         rollout {rollout}"
+    )]
+    StaleSamples { iteration: u32, advantage: String, rollout: String },
+
+    #[error(
+        "refusing to update {policy:?} v{version}: the recomputed logprobs differ from the sampled ones by {mean:.4} \
+         on average (max {max:.4}), more than update.max_logprob_drift = {limit}; the rollout used other weights \
+         or the sampler is broken"
+    )]
+    Drift { policy: String, version: u32, mean: f64, max: f64, limit: f64 },
+
+    #[error("policy {policy:?}: {reason}")]
+    Init { policy: String, reason: String },
+
+    #[error("cannot fork iteration {iteration} of {from}: {source}")]
+    Fork { from: String, iteration: u32, source: Box<policies::Error> },
+}
+
+/// Trains every policy of the run on its own samples of iteration `iteration` and
+/// commits v(iteration+1) of each, with the `updates` table, in one marker.
+pub async fn run(
+    store: &RunStore,
+    config: &RunConfig,
+    iteration: u32,
+    progress: &dyn Progress,
+) -> Result<CommitMarker, super::Error> {
+    let stage = StageId::at(Stage::Update, iteration);
+    let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
+    let advantage = inputs(store, stage, Stage::Advantage, iteration).await?;
+    checks::check_parts(&rollout, iteration)?;
+    checks::check_samples_come_from(&advantage, &rollout, iteration)?;
+    let markers = store.markers().await?;
+    let rollout_markers: Vec<&CommitMarker> = rollout.iter().map(|m| &m.marker).collect();
+    let advantage_markers: Vec<&CommitMarker> = advantage.iter().map(|m| &m.marker).collect();
+    // read_rows checks every part's size and sha256 against its marker.
+    let turns: Vec<TurnRow> = store.read_rows(&rollout_markers).await?;
+    let samples: Vec<SampleRow> = store.read_rows(&advantage_markers).await?;
+    let sets = checks::training_sets(config, &markers, &rollout, &turns, &samples, iteration)?;
+    drop((turns, samples));
+
+    // Every checkpoint is verified before anything is written; the models are then
+    // loaded one at a time, so memory holds one policy.
+    let mut read: Vec<InputRef> = rollout.iter().chain(&advantage).map(StoredMarker::input_ref).collect();
+    let mut fetched = Vec::with_capacity(sets.len());
+    for set in &sets {
+        let (source, _) = policies::find(&markers, &set.name, set.current.version)?;
+        if !read.contains(&source.input_ref()) {
+            read.push(source.input_ref());
+        }
+        fetched.push(policies::fetch(store, &markers, &set.name, set.current.version).await?);
+    }
+    let mut writer = store.begin(stage);
+    let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
+    let mut model_seconds = 0.0;
+    for (set, fetched) in sets.into_iter().zip(fetched) {
+        let mut loaded = policies::open(config, fetched)?;
+        let settings = PpoSettings::new(config, &set.name, iteration);
+        let adapter = loaded.adapter().map(str::to_owned);
+        let started = Instant::now();
+        let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
+        rows.extend(phase(progress, &label, steps, "steps", || {
+            train_ppo(&mut loaded.policy, adapter.as_deref(), &set, &settings, progress)
+        })?);
+        model_seconds += started.elapsed().as_secs_f64();
+        saved.push(policies::save(&mut writer, &loaded, iteration + 1).await?);
+        used.push(set.current);
+    }
+    if !rows.is_empty() {
+        let batch = tables::to_batch(&rows).map_err(|source| super::Error::Encode { table: Table::Updates, source })?;
+        writer.write_table(Table::Updates, Partition::Iteration(iteration), &[batch]).await?;
+    }
+    let info =
+        CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
+    Ok(writer.finish().commit(info).await?)
+}
+
+/// What a PPO update of one policy runs with.
+struct PpoSettings<'a> {
+    name: String,
+    iteration: u32,
+    iterations: u32,
+    epochs: u32,
+    mini_batch: usize,
+    micro: MicroBatching,
+    grad_clip: f64,
+    clip: PpoClip,
+    max_drift: f64,
+    optimizer: &'a OptimizerConfig,
+    seed: u64,
+}
+
+impl PpoSettings<'_> {
+    fn new<'a>(config: &'a RunConfig, name: &str, iteration: u32) -> PpoSettings<'a> {
+        let update = &config.update;
+        let algorithm = &config.algorithm;
+        PpoSettings {
+            name: name.to_string(),
+            iteration,
+            iterations: config.iterations,
+            epochs: update.epochs,
+            mini_batch: update.mini_batch_sequences.max(1) as usize,
+            micro: update.micro_batching(),
+            grad_clip: update.grad_clip,
+            clip: PpoClip {
+                epsilon: algorithm.clip_epsilon,
+                aggregation: algorithm.name.aggregation(config.rollout.sampling.max_new_tokens),
+            },
+            max_drift: update.max_logprob_drift,
+            optimizer: &config.policies[name].optimizer,
+            seed: stream(&[config.seed, Key::PPO, u64::from(iteration), name_key(name)]),
+        }
+    }
+
+    /// Optimiser steps over `sequences` samples: every epoch in mini-batches.
+    fn steps(&self, sequences: usize) -> u64 {
+        sequences.div_ceil(self.mini_batch) as u64 * u64::from(self.epochs)
+    }
+}
+
+/// Recomputes the logprobs (drift check), then runs the PPO-clip steps; one row per step.
+fn train_ppo(
+    policy: &mut Policy,
+    adapter: Option<&str>,
+    set: &TrainingSet,
+    settings: &PpoSettings,
+    progress: &dyn Progress,
+) -> Result<Vec<UpdateRow>, super::Error> {
+    let sequences = &set.sequences;
+    if sequences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let requests: Vec<ScoreRequest> = sequences
+        .iter()
+        .map(|s| ScoreRequest {
+            prompt_ids: s.prompt.clone(),
+            response_ids: s.response.clone(),
+            adapter: adapter.map(str::to_owned),
+        })
+        .collect();
+    let old = policy.score(&requests, settings.micro.max_tokens)?;
+    let drift: Vec<Vec<f64>> = old
+        .iter()
+        .zip(sequences)
+        .map(|(o, s)| o.iter().zip(&s.sampled).map(|(a, b)| f64::from((a - b).abs())).collect())
+        .collect();
+    let (mean, max) = mean_max(drift.iter().flatten().copied());
+    if mean > settings.max_drift {
+        return Err(Error::Drift {
+            policy: set.name.clone(),
+            version: set.current.version,
+            mean,
+            max,
+            limit: settings.max_drift,
+        }
+        .into());
+    }
+    let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip)?;
+    let steps_per_iteration = settings.steps(sequences.len());
+    let total = u64::from(settings.iterations) * steps_per_iteration;
+    let mut rows = Vec::new();
+    for epoch in 0..settings.epochs {
+        let order = permutation(sequences.len(), stream(&[settings.seed, u64::from(epoch)]));
+        for chunk in order.chunks(settings.mini_batch) {
+            let start = Instant::now();
+            let step = rows.len() as u64;
+            let batch: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
+            let old_batch: Vec<&[f32]> = chunk.iter().map(|&i| old[i].as_slice()).collect();
+            let advantages: Vec<f64> = chunk.iter().map(|&i| sequences[i].advantage).collect();
+            let lr =
+                settings.optimizer.learning_rate(u64::from(settings.iteration) * steps_per_iteration + step, total);
+            let seed = stream(&[settings.seed, Key::PPO, step]);
+            let done =
+                trainer.ppo_step(policy, &batch, &old_batch, &advantages, settings.clip, settings.micro, seed, lr)?;
+            let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
+            rows.push(step_row(
+                settings,
+                set,
+                chunk,
+                &done.logprobs,
+                &old,
+                &drift,
+                StepFacts { step, grad_norm: done.grad_norm, lr, start },
+            ));
+            progress.advance(1, tokens as u64);
+        }
+    }
+    Ok(rows)
+}
+
+struct StepFacts {
+    step: u64,
+    grad_norm: f64,
+    lr: f64,
+    start: Instant,
+}
+
+/// The `updates` row of one step: the PPO terms by `algo::loss` on the logprobs the
+/// step's forward computed (before the step), with the pre-update drift and entropy.
+fn step_row(
+    settings: &PpoSettings,
+    set: &TrainingSet,
+    chunk: &[usize],
+    new: &[Vec<f32>],
+    old: &[Vec<f32>],
+    drift: &[Vec<f64>],
+    facts: StepFacts,
+) -> UpdateRow {
+    let pairs: Vec<Vec<(f64, f64)>> = chunk
+        .iter()
+        .enumerate()
+        .map(|(row, &i)| new[row].iter().zip(&old[i]).map(|(&n, &o)| (f64::from(n), f64::from(o))).collect())
+        .collect();
+    let sequences: Vec<(&[(f64, f64)], f64)> =
+        pairs.iter().zip(chunk).map(|(p, &i)| (p.as_slice(), set.sequences[i].advantage)).collect();
+    let summary = ppo_clip_loss(&sequences, settings.clip.epsilon, settings.clip.aggregation);
+    let (drift_mean, drift_max) = mean_max(chunk.iter().flat_map(|&i| drift[i].iter().copied()));
+    let (entropy, _) = mean_max(chunk.iter().flat_map(|&i| old[i].iter().map(|&x| -f64::from(x))));
+    UpdateRow {
+        policy: settings.name.clone(),
+        mode: "ppo".into(),
+        version_from: set.current.version,
+        version_to: set.current.version + 1,
+        step: facts.step as u32,
+        loss: summary.loss,
+        clip_fraction: summary.clip_fraction,
+        ratio_mean: summary.ratio_mean,
+        ratio_max: summary.ratio_max,
+        logprob_drift_mean: drift_mean,
+        logprob_drift_max: drift_max,
+        approx_kl: summary.approx_kl,
+        grad_norm: facts.grad_norm,
+        entropy,
+        tokens: summary.tokens as u64,
+        sequences: chunk.len() as u32,
+        learning_rate: facts.lr,
+        seconds: facts.start.elapsed().as_secs_f64(),
+    }
+}
+
+/// (mean, max) of the values; (0, 0) when there are none.
+fn mean_max(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (mut sum, mut max, mut n) = (0.0, 0.0f64, 0usize);
+    for v in values {
+        sum += v;
+        max = max.max(v);
+        n += 1;
+    }
+    if n == 0 { (0.0, 0.0) } else { (sum / n as f64, max) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_statistics_are_mean_and_max() {
+        let (mean, max) = mean_max([0.5, 0.1, 0.3].into_iter());
+        assert!((mean - 0.3).abs() < 1e-12 && max == 0.5);
+        assert_eq!(mean_max(std::iter::empty()), (0.0, 0.0));
+    }
+}

@@ -1,0 +1,148 @@
+//! The supervised warm start: v0 of a scratch policy trained on the solver
+//! demonstrations prepare-data committed (the embedded default), one `updates` row of
+//! mode "sft" per step.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::schedule::Schedule;
+use crate::config::RunConfig;
+use crate::model::{MicroBatching, OptimizerConfig, Policy, ScoreRequest, Trainer};
+use crate::progress::Progress;
+use crate::rng::{Key, permutation, stream};
+use crate::tables::{DemonstrationRow, UpdateRow};
+use crate::validate::{Invalid, check};
+
+use super::Error;
+use crate::stages;
+
+/// `warm_start:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmStartConfig {
+    /// Demonstrations generated from the environment's solver.
+    pub demonstrations: u32,
+    /// Optimiser steps of supervised training.
+    pub steps: u32,
+    /// Demonstrations per step.
+    pub batch_size: u32,
+    /// AdamW settings of the warm start.
+    pub optimizer: OptimizerConfig,
+}
+
+impl Default for WarmStartConfig {
+    fn default() -> Self {
+        WarmStartConfig {
+            demonstrations: 20_000,
+            steps: 400,
+            batch_size: 64,
+            optimizer: OptimizerConfig {
+                lr: 2e-3,
+                warmup_steps: 100,
+                schedule: Schedule::Cosine,
+                ..OptimizerConfig::default()
+            },
+        }
+    }
+}
+
+impl WarmStartConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(self.steps > 0 && self.batch_size > 0, "warm_start", "steps and batch_size must be at least 1")?;
+        check(self.demonstrations > 0, "warm_start.demonstrations", "must be at least 1")?;
+        check(self.optimizer.lr > 0.0, "warm_start.optimizer.lr", "must be positive")
+    }
+}
+
+/// (prompt ids, response ids) of the demonstrations of the agents `name` plays: the
+/// user message rendered with the chat template (generation prompt, no thinking) and
+/// the reply followed by EOS. Prompts are cut from the left as rollout cuts them.
+pub(super) fn examples(
+    policy: &Policy,
+    config: &RunConfig,
+    name: &str,
+    demos: &[DemonstrationRow],
+) -> Result<Vec<ScoreRequest>, stages::Error> {
+    let agents: HashSet<&str> =
+        config.agents.iter().filter(|(_, a)| a.policy == name).map(|(role, _)| role.as_str()).collect();
+    let eos = *policy.config().eos_token_ids.first().ok_or_else(|| Error::Init {
+        policy: name.to_string(),
+        reason: "config.json has no eos_token_id to end the demonstrations with".into(),
+    })?;
+    let max_prompt = config.rollout.max_prompt_tokens as usize;
+    let mut examples = Vec::new();
+    for demo in demos.iter().filter(|d| agents.contains(d.agent.as_str())) {
+        let (_, prompt_ids) = policy.agent_prompt(&demo.prompt, max_prompt)?;
+        let mut response_ids = policy.require_tokenizer()?.encode(&demo.response, false)?;
+        response_ids.push(eos);
+        examples.push(ScoreRequest { prompt_ids, response_ids, adapter: None });
+    }
+    if examples.is_empty() {
+        return Err(Error::Init {
+            policy: name.to_string(),
+            reason: format!("warm_start is set but prepare-data committed no demonstrations for its agents {agents:?}"),
+        }
+        .into());
+    }
+    Ok(examples)
+}
+
+/// `steps` AdamW steps of `batch_size` examples (seeded shuffles, cycling), token-mean
+/// cross-entropy on the response tokens.
+pub(super) fn train(
+    policy: &mut Policy,
+    name: &str,
+    examples: &[ScoreRequest],
+    config: &RunConfig,
+    progress: &dyn Progress,
+) -> Result<Vec<UpdateRow>, stages::Error> {
+    let warm = config.warm_start.as_ref().expect("a warm start is configured");
+    let seed = stream(&[config.seed, Key::SFT, crate::rng::name_key(name)]);
+    let (steps, batch) = (warm.steps as usize, warm.batch_size as usize);
+    let mut order = Vec::with_capacity(steps * batch);
+    for cycle in 0.. {
+        if order.len() >= steps * batch {
+            break;
+        }
+        order.extend(permutation(examples.len(), stream(&[seed, cycle])));
+    }
+    let micro = MicroBatching {
+        max_tokens: config.update.micro_batch_tokens as usize,
+        checkpointing: config.update.gradient_checkpointing,
+    };
+    let mut trainer = Trainer::new(policy, None, &warm.optimizer, config.update.grad_clip)?;
+    let mut rows = Vec::with_capacity(steps);
+    for step in 0..steps {
+        let start = Instant::now();
+        let chosen: Vec<ScoreRequest> =
+            order[step * batch..(step + 1) * batch].iter().map(|&i| examples[i].clone()).collect();
+        let tokens: usize = chosen.iter().map(|r| r.response_ids.len()).sum();
+        let lr = warm.optimizer.learning_rate(step as u64, steps as u64);
+        let done = trainer.sft_step(policy, &chosen, micro, stream(&[seed, Key::SFT, step as u64]), lr)?;
+        let nll = -done.logprobs.iter().flatten().map(|&x| f64::from(x)).sum::<f64>() / tokens.max(1) as f64;
+        rows.push(UpdateRow {
+            policy: name.to_string(),
+            mode: "sft".into(),
+            version_from: 0,
+            version_to: 0,
+            step: step as u32,
+            loss: nll,
+            clip_fraction: 0.0,
+            ratio_mean: 1.0,
+            ratio_max: 1.0,
+            logprob_drift_mean: 0.0,
+            logprob_drift_max: 0.0,
+            approx_kl: 0.0,
+            grad_norm: done.grad_norm,
+            entropy: 0.0,
+            tokens: tokens as u64,
+            sequences: chosen.len() as u32,
+            learning_rate: lr,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        progress.advance(1, tokens as u64);
+    }
+    Ok(rows)
+}

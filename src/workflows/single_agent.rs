@@ -1,0 +1,14 @@
+//! One agent does everything: its reply acts on the environment; math and code answer once.
+
+use crate::envs::AnyEnv;
+use crate::sandbox::Sandbox;
+
+use super::{Role, TurnOutcome, env_step};
+
+pub(super) fn step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    let mut outcome = env_step(env, agent, reply, sandbox);
+    if matches!(env, AnyEnv::Math(_) | AnyEnv::Code(_)) {
+        outcome.done = true;
+    }
+    outcome
+}
