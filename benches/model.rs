@@ -19,7 +19,9 @@
 use std::io::Write;
 use std::time::Instant;
 
-use petting::model::{GenerationRequest, GenerationSettings, LoadOptions, ModelConfig, Policy, Sampling, ScoreRequest};
+use petting::model::{
+    GenerationRequest, GenerationSettings, LoadOptions, MicroBatching, ModelConfig, Policy, Sampling, ScoreRequest,
+};
 use tch::Kind;
 use tch::nn::OptimizerConfig;
 
@@ -210,7 +212,7 @@ fn main() {
             measure(args.reps, &mut || {
                 opt.zero_grad();
                 policy
-                    .backward(&requests, usize::MAX, false, 0, &mut |mb| {
+                    .backward(&requests, &MicroBatching::new(usize::MAX, false), 0, &mut |mb| {
                         let idx = tch::Tensor::from_slice(&mb.indices.iter().map(|&i| i as i64).collect::<Vec<_>>());
                         let n = mb.mask.sum(Kind::Float);
                         Ok(if ppo {

@@ -190,6 +190,27 @@ impl Counter {
     }
 }
 
+/// Uniform draws in [0, 1) of `shape`, computed on `device`: element i is a function of
+/// (key, i) alone, so a LoRA dropout mask costs no host loop and a recomputed forward
+/// draws the same mask. 32-bit integer hashing (three rounds of Mueller's hash32, the key
+/// folded in between them) in int64 lanes, whose products stay below 2^59; 24 bits of
+/// each hash make the float.
+pub fn uniform_tensor(key: u64, shape: &[i64], device: tch::Device) -> tch::Tensor {
+    use tch::{Kind, Tensor};
+    const LOW32: i64 = 0xFFFF_FFFF;
+    let numel: i64 = shape.iter().product();
+    let round = |x: &Tensor| {
+        (x.bitwise_right_shift_tensor_scalar(16).bitwise_xor_tensor(x) * 0x045d_9f3b_i64).bitwise_and(LOW32)
+    };
+    let (low, high) = ((key & 0xFFFF_FFFF) as i64, (key >> 32) as i64);
+    let mut x = Tensor::arange(numel, (Kind::Int64, device)).bitwise_xor(low).bitwise_and(LOW32);
+    for salt in [high, low ^ 0x9E37_79B9, high ^ 0x85EB_CA6B] {
+        x = round(&x).bitwise_xor(salt);
+    }
+    let x = x.bitwise_right_shift_tensor_scalar(16).bitwise_xor_tensor(&x).bitwise_and(LOW32);
+    (x.bitwise_right_shift_tensor_scalar(8).to_kind(Kind::Float) / (1u64 << 24) as f64).reshape(shape)
+}
+
 /// Maps 64 random bits to [0, 1).
 pub fn unit_f64(bits: u64) -> f64 {
     (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
@@ -266,6 +287,25 @@ mod tests {
         let direct: Vec<u64> = (0..4).map(|i| Counter::at(7, i)).collect();
         assert_eq!(drawn, direct);
         assert_ne!(Counter::at(7, 0), Counter::at(8, 0));
+    }
+
+    #[test]
+    fn device_draws_are_uniform_and_fixed_by_their_key() {
+        let a = uniform_tensor(7, &[4, 50_000], tch::Device::Cpu);
+        assert_eq!(a.size(), [4, 50_000]);
+        let values = Vec::<f32>::try_from(a.reshape([-1])).unwrap();
+        assert!(values.iter().all(|v| (0.0..1.0).contains(v)));
+        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / values.len() as f64;
+        let below_tenth = values.iter().filter(|&&v| v < 0.1).count() as f64 / values.len() as f64;
+        assert!((mean - 0.5).abs() < 0.005 && (below_tenth - 0.1).abs() < 0.005, "{mean} {below_tenth}");
+        assert!(a.equal(&uniform_tensor(7, &[4, 50_000], tch::Device::Cpu)));
+        let other = uniform_tensor(7 | 1 << 40, &[4, 50_000], tch::Device::Cpu);
+        let same = a.eq_tensor(&other).to_kind(tch::Kind::Float).mean(tch::Kind::Float).double_value(&[]);
+        assert!(same < 0.01, "a key's high half changes the draws ({same} equal)");
+        // Neighbouring elements are not correlated.
+        let (x, y) = (a.narrow(1, 0, 49_999), a.narrow(1, 1, 49_999));
+        let cov = ((&x - 0.5) * (&y - 0.5)).mean(tch::Kind::Float).double_value(&[]);
+        assert!(cov.abs() < 0.002, "{cov}");
     }
 
     #[test]

@@ -161,6 +161,8 @@ pub struct UpdateRow {
     pub tokens: u64,
     pub sequences: u32,
     pub learning_rate: f64,
+    /// None in runs made before the column existed.
+    pub weights_change: Option<f64>,
     pub seconds: f64,
 }
 impl Row for UpdateRow {

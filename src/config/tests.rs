@@ -187,3 +187,19 @@ fn the_hash_ignores_formatting_but_not_settings() {
     assert_eq!(a.sha256(), b.sha256());
     assert_ne!(a.sha256(), c.sha256());
 }
+
+#[test]
+fn gradient_checkpointing_is_true_false_or_auto() {
+    use crate::stages::update::Checkpointing;
+    assert_eq!(parse_str(MINIMAL).unwrap().update.gradient_checkpointing, Checkpointing::Auto);
+    for (written, expected) in
+        [("true", Checkpointing::On), ("false", Checkpointing::Off), ("auto", Checkpointing::Auto)]
+    {
+        let config = overridden(&[&format!("update.gradient_checkpointing={written}")]).unwrap();
+        assert_eq!(config.update.gradient_checkpointing, expected);
+        let frozen = parse_str(&serde_saphyr::to_string(&config).unwrap()).unwrap();
+        assert_eq!(frozen.update.gradient_checkpointing, expected, "{written} round-trips");
+    }
+    let message = overridden(&["update.gradient_checkpointing=maybe"]).unwrap_err().to_string();
+    assert!(message.contains("update.gradient_checkpointing") && message.contains("true, false or auto"), "{message}");
+}

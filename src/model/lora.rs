@@ -10,11 +10,15 @@
 //!
 //! A batch row picks its adapter through a [`Route`]: rows are grouped by adapter, and
 //! each group's update is computed on its rows only and added back with `index_add`.
+//!
+//! Adapters live in float32 whatever the base computes in: the branch casts its input up
+//! and its update back down to the base's dtype, so an optimiser step on an adapter is
+//! never rounded to bf16.
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
-use crate::rng::{Counter, combine, tensor_key};
+use crate::rng::{combine, tensor_key, uniform_tensor};
 use crate::validate::{Invalid, check};
 
 /// `lora:` of a policy: train a low-rank adapter on a frozen base.
@@ -102,6 +106,7 @@ impl Route {
                 Rows::All => x.shallow_clone(),
                 Rows::Some(rows) => x.index_select(0, rows),
             };
+            let xs = xs.to_kind(lora.a.kind());
             let xs = match self.dropout_seed {
                 Some(seed) if lora.dropout > 0.0 => {
                     dropout(&xs, lora.dropout, combine(combine(seed, *slot as u64), tensor_key(prefix)))
@@ -109,6 +114,7 @@ impl Route {
                 _ => xs,
             };
             let update = xs.linear::<Tensor>(&lora.a, None).linear::<Tensor>(&lora.b, None) * lora.scale;
+            let update = update.to_kind(y.kind());
             y = match rows {
                 Rows::All => y + update,
                 Rows::Some(rows) => y.index_add(0, rows, &update),
@@ -118,15 +124,11 @@ impl Route {
     }
 }
 
-/// Inverted dropout with a mask drawn from the stream `key` (same key, same mask, so a
-/// recomputed forward matches the first one).
+/// Inverted dropout with a mask drawn on the device from the stream `key` (same key, same
+/// mask, so a recomputed forward matches the first one).
 fn dropout(x: &Tensor, p: f64, key: u64) -> Tensor {
-    let numel = x.numel();
-    let mut stream = Counter::new(key);
-    let keep: Vec<f32> =
-        (0..numel).map(|_| if stream.next_f64() < p { 0.0 } else { (1.0 / (1.0 - p)) as f32 }).collect();
-    let mask = Tensor::from_slice(&keep).reshape(x.size()).to_device(x.device()).to_kind(x.kind());
-    x * mask
+    let keep = uniform_tensor(key, &x.size(), x.device()).ge(p);
+    x * keep.to_kind(x.kind()) * (1.0 / (1.0 - p))
 }
 
 /// The default targets: every linear layer of the decoder (PEFT's "all-linear", which
@@ -147,15 +149,10 @@ pub(crate) fn lora_a_bound(fan_in: i64) -> f64 {
     1.0 / (fan_in as f64).sqrt()
 }
 
-/// The float kind LoRA factors use for a base of `kind` (float32 on CPU; the base's
-/// kind otherwise, as PEFT casts adapters to the base dtype).
-pub(crate) fn adapter_kind(base: Kind, device: Device) -> Kind {
-    if device == Device::Cpu { Kind::Float } else { base }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Kind;
 
     #[test]
     fn routed_rows_get_their_own_adapter_only() {

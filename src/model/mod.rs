@@ -15,6 +15,7 @@
 //! device and dtype, and sampling and scoring run under `tch::no_grad` themselves, since
 //! grad mode is per thread.
 
+mod adamw;
 mod build_tokenizer;
 mod chat_template;
 mod checkpoint;
@@ -34,6 +35,7 @@ mod weights;
 
 use std::path::{Path, PathBuf};
 
+pub use adamw::{AdamW, AdamWState, OPTIMIZER_FILE, StepChange};
 pub use build_tokenizer::{
     CHATML_TEMPLATE, DEFAULT_VOCAB_SIZE, END_OF_TEXT, IM_END, IM_START, TokenizerFiles, build_tokenizer, scratch_config,
 };
@@ -48,8 +50,8 @@ pub use lora::{ALL_LINEAR, LoraConfig};
 pub use policy::{LoadOptions, Policy};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use tokenizer::Tokenizer;
-pub use train::{MicroBatch, ScoreRequest};
-pub use trainer::{MicroBatching, OptimizerConfig, PpoClip, Trainer};
+pub use train::{MicroBatch, MicroBatching, ScoreRequest};
+pub use trainer::{OptimizerConfig, PpoClip, Trainer};
 pub use weights::{SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, read_header, write_safetensors};
 
 /// Errors of the model code; each names the file and, where there is one, the tensor.

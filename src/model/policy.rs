@@ -14,7 +14,7 @@ use super::config::ModelConfig;
 use super::decoder::CausalLm;
 use super::device::{DType, Device};
 use super::lora::LoraConfig;
-use super::lora::{LoraWeights, adapter_kind, lora_a_bound, targets_layer};
+use super::lora::{LoraWeights, lora_a_bound, targets_layer};
 use super::tokenizer::Tokenizer;
 use super::weights::{Init, SafetensorsSet, Weights};
 use super::{Error, Result};
@@ -211,6 +211,15 @@ impl Policy {
         &self.vs
     }
 
+    /// About how many bytes of activations a training forward keeps per token for the
+    /// backward pass: per layer the norms, q/k/v, attention and residual outputs (≈ 10
+    /// hidden widths) and the MLP's gate, up, activation and product (4 intermediate).
+    pub fn activation_bytes_per_token(&self) -> u64 {
+        let c = &self.lm.config;
+        let per_layer = 10 * c.hidden_size as u64 + 4 * c.intermediate_size as u64;
+        per_layer * c.num_hidden_layers as u64 * self.kind().elt_size_in_bytes() as u64
+    }
+
     /// Parameters of the base model, counting tied embeddings once.
     pub fn parameter_count(&self) -> u64 {
         self.vs.variables().values().map(|t| t.numel() as u64).sum()
@@ -263,7 +272,7 @@ impl Policy {
             });
         }
         let device = self.device();
-        let kind = adapter_kind(self.kind(), device);
+        let kind = Kind::Float;
         let vs = VarStore::new(device);
         let slot = self.adapters.len();
         let r = i64::from(config.rank);

@@ -18,7 +18,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::decoder::Pass;
+use super::decoder::{CausalLm, Pass};
 use super::generate::prefill_mask;
 use super::lora::Route;
 use super::policy::Policy;
@@ -32,6 +32,23 @@ pub struct ScoreRequest {
     pub response_ids: Vec<i64>,
     /// The adapter to score with; the base model when `None`.
     pub adapter: Option<String>,
+}
+
+/// How [`Policy::backward`] splits its requests: micro-batches of at most `max_tokens`
+/// padded tokens, activations recomputed in the backward pass when `checkpointing`, and
+/// lm_head's logits projected at most `max_logits` (tokens × vocabulary) at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroBatching {
+    pub max_tokens: usize,
+    pub checkpointing: bool,
+    pub max_logits: i64,
+}
+
+impl MicroBatching {
+    /// `max_tokens` per micro-batch, logits in chunks of 256 MiB.
+    pub fn new(max_tokens: usize, checkpointing: bool) -> MicroBatching {
+        MicroBatching { max_tokens, checkpointing, max_logits: LOGIT_BUDGET }
+    }
 }
 
 /// One micro-batch, as the loss function sees it.
@@ -48,7 +65,8 @@ pub struct MicroBatch {
 impl Policy {
     /// Logprobs of every response token, in request order, without gradients.
     pub fn score(&mut self, requests: &[ScoreRequest], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
-        tch::no_grad(|| self.run_micro_batches(requests, max_tokens, false, false, 0, &mut |_| Ok(None)))
+        let batching = MicroBatching::new(max_tokens, false);
+        tch::no_grad(|| self.run_micro_batches(requests, &batching, false, 0, &mut |_| Ok(None)))
     }
 
     /// Computes `loss(micro_batch)` for each micro-batch and back-propagates it,
@@ -59,23 +77,19 @@ impl Policy {
     pub fn backward(
         &mut self,
         requests: &[ScoreRequest],
-        max_tokens: usize,
-        gradient_checkpointing: bool,
+        batching: &MicroBatching,
         seed: u64,
         loss: &mut dyn FnMut(&MicroBatch) -> Result<Tensor>,
     ) -> Result<Vec<Vec<f32>>> {
         let mut wrapped = |mb: &MicroBatch| loss(mb).map(Some);
-        tch::with_grad(|| {
-            self.run_micro_batches(requests, max_tokens, true, gradient_checkpointing, seed, &mut wrapped)
-        })
+        tch::with_grad(|| self.run_micro_batches(requests, batching, true, seed, &mut wrapped))
     }
 
     fn run_micro_batches(
         &mut self,
         requests: &[ScoreRequest],
-        max_tokens: usize,
+        batching: &MicroBatching,
         training: bool,
-        checkpointing: bool,
         seed: u64,
         loss: &mut dyn FnMut(&MicroBatch) -> Result<Option<Tensor>>,
     ) -> Result<Vec<Vec<f32>>> {
@@ -91,9 +105,9 @@ impl Policy {
             }
         }
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
-        for (n, indices) in pack(requests, max_tokens).into_iter().enumerate() {
+        for (n, indices) in pack(requests, batching.max_tokens).into_iter().enumerate() {
             let dropout_seed = combine(seed, n as u64);
-            let mb = self.micro_batch(requests, indices, training, checkpointing, dropout_seed, loss)?;
+            let mb = self.micro_batch(requests, indices, training, batching, dropout_seed, loss)?;
             let values =
                 Vec::<f32>::try_from(&mb.logprobs.detach().to_device(tch::Device::Cpu).reshape([-1])).expect("f32");
             let t = mb.logprobs.size()[1] as usize;
@@ -110,7 +124,7 @@ impl Policy {
         requests: &[ScoreRequest],
         indices: Vec<usize>,
         training: bool,
-        checkpointing: bool,
+        batching: &MicroBatching,
         dropout_seed: u64,
         loss: &mut dyn FnMut(&MicroBatch) -> Result<Option<Tensor>>,
     ) -> Result<MicroBatch> {
@@ -155,23 +169,10 @@ impl Policy {
         let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
         let pass = Pass { cos, sin, mask: None, causal: true, use_cache: false, route: &route };
 
-        // Hidden states (b, L, E) → selected rows (N, E) → logprobs (N,) → (b, T).
-        let logprobs_of = |lm: &super::CausalLm, hidden: &Tensor| {
-            let e = hidden.size()[2];
-            let chosen = hidden.reshape([b * l, e]).index_select(0, &source);
-            let logits = lm.head(&chosen).to_kind(Kind::Float);
-            let lp = logits.gather(1, &target.unsqueeze(1), false).squeeze_dim(1) - logits.logsumexp([1], false);
-            Tensor::zeros([b * t], (Kind::Float, device)).index_add(0, &slot, &lp).view([b, t])
-        };
-
-        if !(checkpointing && training) {
+        let rows = ResponseRows { source, target, slot, b, l, t, max_logits: batching.max_logits };
+        if !(batching.checkpointing && training) {
             let hidden = self.lm.hidden(&input, &pass);
-            let logprobs = logprobs_of(&self.lm, &hidden);
-            let mb = MicroBatch { indices, logprobs, mask };
-            if let Some(value) = loss(&mb)? {
-                value.backward();
-            }
-            return Ok(MicroBatch { logprobs: mb.logprobs.detach(), ..mb });
+            return rows.logprobs_and_backward(&self.lm, &hidden, indices, mask, loss);
         }
 
         // Gradient checkpointing. 1. No-grad forward keeping each layer's input.
@@ -188,11 +189,11 @@ impl Policy {
         });
         // 2. Head and loss with gradients from the last hidden state.
         let last = inputs.pop().expect("the final hidden state").detach().set_requires_grad(true);
-        let logprobs = logprobs_of(lm, &lm.model.norm.forward(&last));
-        let mb = MicroBatch { indices, logprobs, mask };
-        let Some(value) = loss(&mb)? else { return Ok(mb) };
-        value.backward();
+        let mb = rows.logprobs_and_backward(lm, &lm.model.norm.forward(&last), indices, mask, loss)?;
         let mut grad = last.grad();
+        if !grad.defined() {
+            return Ok(mb);
+        }
         // 3. Each layer, last first: recompute with gradients, push the gradient through.
         for (layer, x) in lm.model.layers.iter_mut().zip(inputs).rev() {
             let x = x.detach().set_requires_grad(true);
@@ -205,7 +206,7 @@ impl Policy {
             let e = Tensor::embedding(&lm.model.embed_tokens, &input, -1, false, false);
             (e * &grad).sum(Kind::Float).backward();
         }
-        Ok(MicroBatch { logprobs: mb.logprobs.detach(), ..mb })
+        Ok(mb)
     }
 
     /// Logits of every position of each sequence, (len_i, V) float32, computed in one
@@ -247,6 +248,91 @@ impl Policy {
                 .collect())
         })
     }
+}
+
+/// Logits one micro-batch materialises at once by default (tokens × vocabulary): 64 Mi
+/// floats, 256 MiB. More response tokens than fit are projected in chunks.
+const LOGIT_BUDGET: i64 = 64 << 20;
+
+/// Where a micro-batch's response tokens are: the hidden state at `source[n]` (of the
+/// flattened (b·L, E)) predicts token `target[n]`, whose logprob lands at `slot[n]` of
+/// the flattened (b, T) output.
+struct ResponseRows {
+    source: Tensor,
+    target: Tensor,
+    slot: Tensor,
+    b: i64,
+    l: i64,
+    t: i64,
+    max_logits: i64,
+}
+
+impl ResponseRows {
+    /// The response tokens' logprobs under `hidden` (b, L, E), and the loss's gradient
+    /// pushed back into `hidden`'s graph when `loss` gives one.
+    ///
+    /// lm_head's (N, V) float32 logits are the largest tensor of a training step at a
+    /// real vocabulary (8,192 tokens × 151,936 is 4.6 GiB, about three times that in
+    /// backward). Where N·V exceeds `max_logits`, the logprobs are computed chunk
+    /// by chunk without a graph, the loss's gradient with respect to them is taken on
+    /// its own, then each chunk is projected again with a graph and back-propagated
+    /// with that gradient: one more lm_head forward, and the logits of one chunk alive.
+    fn logprobs_and_backward(
+        &self,
+        lm: &CausalLm,
+        hidden: &Tensor,
+        indices: Vec<usize>,
+        mask: Tensor,
+        loss: &mut dyn FnMut(&MicroBatch) -> Result<Option<Tensor>>,
+    ) -> Result<MicroBatch> {
+        let (b, l, t) = (self.b, self.l, self.t);
+        let e = hidden.size()[2];
+        let chosen = hidden.reshape([b * l, e]).index_select(0, &self.source);
+        let n = chosen.size()[0];
+        let chunk = (self.max_logits / lm.config.vocab_size as i64).max(1);
+        let to_bt =
+            |lp: &Tensor| Tensor::zeros([b * t], (Kind::Float, lp.device())).index_add(0, &self.slot, lp).view([b, t]);
+        if n <= chunk {
+            let logprobs = to_bt(&token_logprobs(lm, &chosen, &self.target));
+            let mb = MicroBatch { indices, logprobs, mask };
+            if let Some(value) = loss(&mb)? {
+                value.backward();
+            }
+            return Ok(MicroBatch { logprobs: mb.logprobs.detach(), ..mb });
+        }
+        let detached = chosen.detach();
+        let flat = tch::no_grad(|| {
+            let parts: Vec<Tensor> = (0..n)
+                .step_by(chunk as usize)
+                .map(|start| {
+                    let len = chunk.min(n - start);
+                    token_logprobs(lm, &detached.narrow(0, start, len), &self.target.narrow(0, start, len))
+                })
+                .collect();
+            Tensor::cat(&parts, 0)
+        });
+        let flat = flat.set_requires_grad(true);
+        let mb = MicroBatch { indices, logprobs: to_bt(&flat), mask };
+        let Some(value) = loss(&mb)? else { return Ok(MicroBatch { logprobs: mb.logprobs.detach(), ..mb }) };
+        value.backward();
+        let upstream = flat.grad();
+        let chosen_leaf = detached.set_requires_grad(true);
+        for start in (0..n).step_by(chunk as usize) {
+            let len = chunk.min(n - start);
+            let lp = token_logprobs(lm, &chosen_leaf.narrow(0, start, len), &self.target.narrow(0, start, len));
+            (lp * upstream.narrow(0, start, len)).sum(Kind::Float).backward();
+        }
+        if chosen.requires_grad() {
+            (chosen * chosen_leaf.grad()).sum(Kind::Float).backward();
+        }
+        Ok(MicroBatch { logprobs: mb.logprobs.detach(), ..mb })
+    }
+}
+
+/// log softmax(head(hidden))[target] for rows (N, E) and targets (N,), in float32.
+fn token_logprobs(lm: &CausalLm, hidden: &Tensor, target: &Tensor) -> Tensor {
+    let logits = lm.head(hidden).to_kind(Kind::Float);
+    logits.gather(1, &target.unsqueeze(1), false).squeeze_dim(1) - logits.logsumexp([1], false)
 }
 
 /// Groups requests into micro-batches of at most `max_tokens` padded tokens (b × longest),

@@ -1,15 +1,18 @@
-//! Optimising a policy's trainable weights: AdamW over the whole model (full
-//! fine-tuning) or over one adapter, gradient-norm clipping as torch's
-//! `clip_grad_norm_`, and the two steps the update stage takes: supervised (the SFT
-//! warm start) and PPO-clip.
+//! Optimising a policy's trainable weights: AdamW ([`super::adamw`], float32 state)
+//! over the whole model (full fine-tuning) or over one adapter, gradient-norm clipping
+//! as torch's `clip_grad_norm_`, and the two steps the update stage takes: supervised
+//! (the SFT warm start) and PPO-clip.
 //!
 //! `algo::loss` writes the PPO-clip terms as pure functions; [`ppo_clip_tensor`] is the
 //! same on tensors, and a test keeps the two equal.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::{Error, MicroBatch, Policy, Result, ScoreRequest};
+use super::adamw::{AdamW, AdamWState};
+use super::{MicroBatch, MicroBatching, Policy, Result, ScoreRequest};
 use crate::algo::loss::Aggregation;
 use crate::algo::schedule::{Schedule, learning_rate};
 use crate::validate::{Invalid, check};
@@ -58,14 +61,6 @@ impl OptimizerConfig {
     }
 }
 
-/// How a step splits its batch: micro-batches of at most `max_tokens` padded tokens,
-/// with activations recomputed in the backward pass when `checkpointing`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MicroBatching {
-    pub max_tokens: usize,
-    pub checkpointing: bool,
-}
-
 /// The PPO-clip objective's settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PpoClip {
@@ -73,39 +68,44 @@ pub struct PpoClip {
     pub aggregation: Aggregation,
 }
 
-/// What one optimiser step saw.
+/// What one optimiser step saw and did.
 #[derive(Debug)]
 pub struct StepResult {
     /// Each request's response logprobs before the step (the forward it trained on).
     pub logprobs: Vec<Vec<f32>>,
     /// The global gradient norm before clipping.
     pub grad_norm: f64,
+    /// How far the step moved the weights the policy samples with, relative to their norm.
+    pub weights_change: f64,
 }
 
 /// AdamW over a policy's trainable variables: one adapter's for LoRA, else the whole model's.
 pub struct Trainer {
-    optimizer: tch::nn::Optimizer,
-    variables: Vec<Tensor>,
+    optimizer: AdamW,
     grad_clip: f64,
 }
 
 impl Trainer {
-    pub fn new(policy: &Policy, adapter: Option<&str>, config: &OptimizerConfig, grad_clip: f64) -> Result<Trainer> {
-        use tch::nn::OptimizerConfig as _;
+    /// A trainer that continues `state` (the optimiser state saved with the checkpoint the
+    /// policy was loaded from), or starts afresh.
+    pub fn new(
+        policy: &Policy,
+        adapter: Option<&str>,
+        config: &OptimizerConfig,
+        grad_clip: f64,
+        state: Option<AdamWState>,
+    ) -> Result<Trainer> {
         let vs = match adapter {
             Some(name) => policy.adapter_var_store(name)?,
             None => policy.var_store(),
         };
-        let adamw = tch::nn::AdamW {
-            beta1: config.betas[0],
-            beta2: config.betas[1],
-            wd: config.weight_decay,
-            eps: config.eps,
-            amsgrad: false,
-        };
-        let optimizer =
-            adamw.build(vs, config.lr).map_err(|source| Error::Torch { context: "AdamW".into(), source })?;
-        Ok(Trainer { optimizer, variables: vs.trainable_variables(), grad_clip })
+        let weights: HashMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        Ok(Trainer { optimizer: AdamW::new(weights, config, state)?, grad_clip })
+    }
+
+    /// The optimiser state to save with the new checkpoint.
+    pub fn state(&self) -> AdamWState {
+        self.optimizer.state()
     }
 
     /// A supervised step: the token-mean negative log-likelihood of the responses.
@@ -119,7 +119,7 @@ impl Trainer {
     ) -> Result<StepResult> {
         let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
         self.optimizer.zero_grad();
-        let logprobs = policy.backward(batch, micro.max_tokens, micro.checkpointing, seed, &mut |mb| {
+        let logprobs = policy.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
             Ok(-(&mb.logprobs * &mb.mask).sum(Kind::Float) / tokens as f64)
         })?;
         Ok(self.step(lr, logprobs))
@@ -143,22 +143,22 @@ impl Trainer {
         let weight = clip.aggregation.token_weight(tokens, batch.len());
         let device = policy.device();
         self.optimizer.zero_grad();
-        let logprobs =
-            policy.backward(batch, micro.max_tokens, micro.checkpointing, seed, &mut |mb: &MicroBatch| {
-                let old_t = padded(mb.indices.iter().map(|&i| old[i]), &mb.logprobs, device);
-                let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i] as f32).collect();
-                let adv_t = Tensor::from_slice(&adv).view([-1, 1]).to_device(device);
-                Ok(ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mb.mask, clip.epsilon) * weight)
-            })?;
+        let logprobs = policy.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
+            let old_t = padded(mb.indices.iter().map(|&i| old[i]), &mb.logprobs, device);
+            let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i] as f32).collect();
+            let adv_t = Tensor::from_slice(&adv).view([-1, 1]).to_device(device);
+            Ok(ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mb.mask, clip.epsilon) * weight)
+        })?;
         Ok(self.step(lr, logprobs))
     }
 
-    /// Clips the accumulated gradients and takes the optimiser step at `lr`.
+    /// Takes the optimiser step at `lr` on the accumulated gradients, clipped to a global
+    /// norm of `grad_clip`.
     fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>) -> StepResult {
-        let grad_norm = clip_grad_norm(&self.variables, self.grad_clip);
-        self.optimizer.set_lr(lr);
-        self.optimizer.step();
-        StepResult { logprobs, grad_norm }
+        let grad_norm = grad_norm(self.optimizer.weights());
+        let clip = (self.grad_clip / (grad_norm + 1e-6)).min(1.0);
+        let change = self.optimizer.step(lr, clip);
+        StepResult { logprobs, grad_norm, weights_change: change.relative }
     }
 }
 
@@ -181,23 +181,20 @@ pub fn ppo_clip_tensor(logp: &Tensor, old: &Tensor, advantage: &Tensor, mask: &T
     (pg_loss1.maximum(&pg_loss2) * mask).sum(Kind::Float)
 }
 
-/// Scales the gradients so their global L2 norm is at most `max_norm` (as torch's
-/// `clip_grad_norm_`); returns the norm before clipping.
-pub fn clip_grad_norm(variables: &[Tensor], max_norm: f64) -> f64 {
+/// The global L2 norm of the weights' gradients, as torch's `clip_grad_norm_` computes it
+/// before clipping (the step scales the gradients by max_norm / (norm + 1e-6) when that
+/// is below 1).
+pub fn grad_norm<'a>(weights: impl Iterator<Item = &'a Tensor>) -> f64 {
     tch::no_grad(|| {
-        let grads: Vec<Tensor> = variables.iter().map(Tensor::grad).filter(Tensor::defined).collect();
-        if grads.is_empty() {
+        let squares: Vec<Tensor> = weights
+            .map(Tensor::grad)
+            .filter(Tensor::defined)
+            .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double))
+            .collect();
+        if squares.is_empty() {
             return 0.0;
         }
-        let squares: Vec<Tensor> = grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double)).collect();
-        let norm = Tensor::stack(&squares, 0).sum(Kind::Double).sqrt().double_value(&[]);
-        let coefficient = max_norm / (norm + 1e-6);
-        if coefficient < 1.0 {
-            for mut g in grads {
-                let _ = g.g_mul_scalar_(coefficient);
-            }
-        }
-        norm
+        Tensor::stack(&squares, 0).sum(Kind::Double).sqrt().double_value(&[])
     })
 }
 
@@ -232,17 +229,13 @@ mod tests {
     }
 
     #[test]
-    fn gradient_clipping_scales_to_the_limit_and_reports_the_norm() {
+    fn the_gradient_norm_spans_every_weight() {
         let a = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
         let b = Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        // Gradients (3, 0) and (4): global norm 5.
+        let untouched = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        // Gradients (3, 0) and (4): global norm 5; a weight without a gradient adds nothing.
         let loss = (&a * Tensor::from_slice(&[3f32, 0.])).sum(Kind::Float) + (&b * 4.0).sum(Kind::Float);
         loss.backward();
-        let norm = clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 1.0);
-        assert!((norm - 5.0).abs() < 1e-9);
-        let clipped = Vec::<f32>::try_from(a.grad()).unwrap();
-        assert!((clipped[0] - 0.6).abs() < 1e-5 && (b.grad().double_value(&[0]) - 0.8).abs() < 1e-5);
-        // Under the limit nothing changes.
-        assert!((clip_grad_norm(&[a.shallow_clone(), b.shallow_clone()], 10.0) - 1.0).abs() < 1e-5);
+        assert!((grad_norm([&a, &b, &untouched].into_iter()) - 5.0).abs() < 1e-9);
     }
 }

@@ -196,6 +196,15 @@ impl View for &TensorBytes {
 /// Writes tensors as transformers does: CPU, contiguous, header metadata `{"format": "pt"}`.
 /// Written to a temporary name and renamed, so a crash never leaves a half file.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), Error> {
+    write_safetensors_with(path, tensors, &[])
+}
+
+/// [`write_safetensors`] with more header metadata beside `format`.
+pub(crate) fn write_safetensors_with(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: &[(&str, String)],
+) -> Result<(), Error> {
     let mut data: BTreeMap<&str, TensorBytes> = BTreeMap::new();
     for (name, tensor) in tensors {
         let cpu = tensor.detach().to_device(Device::Cpu).contiguous();
@@ -208,7 +217,9 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
         let shape = cpu.size().iter().map(|&d| d as usize).collect();
         data.insert(name, TensorBytes { dtype, shape, bytes });
     }
-    let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    let mut header = HashMap::from([("format".to_owned(), "pt".to_owned())]);
+    header.extend(metadata.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let metadata = Some(header);
     let tmp = path.with_extension("safetensors.partial");
     safetensors::tensor::serialize_to_file(data.iter().map(|(k, v)| (*k, v)), &metadata, &tmp)
         .map_err(|e| Error::Format { file: path.into(), reason: format!("writing: {e:?}") })?;

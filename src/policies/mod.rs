@@ -11,7 +11,8 @@
 //!     2. local run: hash the files in place; other stores: copy them into the cache
 //!        <cache>/checkpoints/<sha256 of the file list>/ (kept while the hashes match)
 //!     3. Policy::load (full) or base + load_adapter (LoRA), on the policy's device
-//!  save(writer, loaded, v) ──► Policy::save / save_adapter into a scratch folder,
+//!  save(writer, loaded, v, optimizer) ──► Policy::save / save_adapter into a scratch
+//!     folder, with the optimiser state (optimizer.safetensors) the next update continues,
 //!     every file through StageWriter::write_file under layout::checkpoint_dir
 //! ```
 //!
@@ -30,8 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use crate::model::{
-    self, CheckpointMeta, DType, Device, LoadOptions, LoraConfig, META_FILE, OptimizerConfig, Policy, SaveAs,
-    WEIGHTS_FILE,
+    self, AdamWState, CheckpointMeta, DType, Device, LoadOptions, LoraConfig, META_FILE, OPTIMIZER_FILE,
+    OptimizerConfig, Policy, SaveAs, WEIGHTS_FILE,
 };
 use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
 use crate::validate::{Invalid, check};
@@ -278,6 +279,13 @@ pub async fn fetch(store: &RunStore, markers: &[StoredMarker], name: &str, versi
     Ok(Fetched { name: name.to_string(), version, weights_sha256: checkpoint.weights_sha256.clone(), dir, base })
 }
 
+/// The optimiser state saved with a fetched checkpoint, if it has one (v0 has none: its
+/// first update starts the optimisation).
+pub fn optimizer_state(fetched: &Fetched) -> Result<Option<AdamWState>, Error> {
+    let path = fetched.dir.join(OPTIMIZER_FILE);
+    Ok(if path.exists() { Some(AdamWState::load(&path)?) } else { None })
+}
+
 /// The loading half of [`load`]: the model on the device and dtype of its policy config,
 /// with a LoRA adapter attached under the policy's name.
 pub fn open(config: &RunConfig, fetched: Fetched) -> Result<LoadedPolicy, Error> {
@@ -345,7 +353,12 @@ fn find_base<'m>(
 /// none for v0) into the attempt, under `layout::checkpoint_dir`, and returns the entry
 /// for `CommitInfo::checkpoints`. A LoRA policy writes its adapter only; its base must be
 /// committed already (see [`save_base`]).
-pub async fn save(writer: &mut StageWriter<'_>, loaded: &LoadedPolicy, version: u32) -> Result<CheckpointRef, Error> {
+pub async fn save(
+    writer: &mut StageWriter<'_>,
+    loaded: &LoadedPolicy,
+    version: u32,
+    optimizer: Option<&AdamWState>,
+) -> Result<CheckpointRef, Error> {
     let dir = store::layout::checkpoint_dir(&loaded.name, version, writer.attempt());
     let parent = version.checked_sub(1).map(|p| format!("{}/v{p:06}", loaded.name));
     let save_as = SaveAs { policy: &loaded.name, version, parent: parent.as_deref() };
@@ -359,6 +372,9 @@ pub async fn save(writer: &mut StageWriter<'_>, loaded: &LoadedPolicy, version: 
             meta
         }
     };
+    if let Some(state) = optimizer {
+        state.save(&scratch.0.join(OPTIMIZER_FILE))?;
+    }
     upload_dir(writer, &scratch.0, &dir).await?;
     Ok(CheckpointRef {
         policy: loaded.name.clone(),

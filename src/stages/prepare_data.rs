@@ -382,6 +382,7 @@ fn demonstrations(config: &RunConfig, train: &[TaskRow], wanted: usize) -> Resul
 mod tests {
     use super::*;
     use crate::config::parse;
+    use crate::model::MicroBatching;
 
     const PLANNERS: &str = "workflow: {kind: tool_planner}\nagents: {tool: {policy: p}, planner: {policy: p}}\n";
 
@@ -534,7 +535,7 @@ mod tests {
         // The first pass includes libtorch's warm-up; the second is a steady-state step.
         for pass in ["first", "second"] {
             let started = std::time::Instant::now();
-            policy.backward(&requests, usize::MAX, false, 0, &mut loss).unwrap();
+            policy.backward(&requests, &MicroBatching::new(usize::MAX, false), 0, &mut loss).unwrap();
             let seconds = started.elapsed().as_secs_f64();
             eprintln!(
                 "{pass} forward+backward of 64 planner sequences ({tokens} tokens, {threads} threads): {seconds:.3} s"

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use petting::model::{
-    ChatMessage, Error, GenerationRequest, GenerationSettings, LoadOptions, Policy, SafetensorsSet, Sampling, SaveAs,
-    ScoreRequest, TemplateOptions,
+    ChatMessage, Error, GenerationRequest, GenerationSettings, LoadOptions, MicroBatching, Policy, SafetensorsSet,
+    Sampling, SaveAs, ScoreRequest, TemplateOptions,
 };
 use serde_json::Value;
 use tch::{Kind, Tensor};
@@ -82,11 +82,11 @@ fn score_request(case: &Case) -> ScoreRequest {
 }
 
 /// Mean token cross-entropy of each request's response and ‖∇‖₂ over all base weights.
-fn loss_and_grad_norm(policy: &mut Policy, request: ScoreRequest, checkpointing: bool) -> (f64, f64) {
+fn loss_and_grad_norm(policy: &mut Policy, request: ScoreRequest, batching: &MicroBatching) -> (f64, f64) {
     policy.var_store().trainable_variables().iter_mut().for_each(|t| t.zero_grad());
     let mut loss_value = 0.0;
     policy
-        .backward(&[request], 1 << 20, checkpointing, 0, &mut |mb| {
+        .backward(&[request], batching, 0, &mut |mb| {
             let loss = -(&mb.logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float);
             loss_value = loss.double_value(&[]);
             Ok(loss)
@@ -128,16 +128,19 @@ fn fixtures_match_transformers_one_prompt_at_a_time() {
             for (j, (got, want)) in scored[0].iter().zip(&case.logprobs).enumerate() {
                 assert!((*got as f64 - want).abs() <= 1e-4, "{what}: scored logprob {j}: {got} vs {want}");
             }
-            // Cross-entropy and the gradient norm, plain and with gradient checkpointing.
-            for checkpointing in [false, true] {
-                let (loss, norm) = loss_and_grad_norm(&mut policy, score_request(case), checkpointing);
+            // Cross-entropy and the gradient norm: plain, with gradient checkpointing, and
+            // with lm_head's logits projected two tokens at a time (with and without it).
+            let two_tokens = 2 * policy.config().vocab_size as i64;
+            for batching in [
+                MicroBatching::new(1 << 20, false),
+                MicroBatching::new(1 << 20, true),
+                MicroBatching { max_logits: two_tokens, ..MicroBatching::new(1 << 20, false) },
+                MicroBatching { max_logits: two_tokens, ..MicroBatching::new(1 << 20, true) },
+            ] {
+                let (loss, norm) = loss_and_grad_norm(&mut policy, score_request(case), &batching);
                 assert!((loss - case.ce_loss).abs() <= 1e-5, "{what}: loss {loss} vs {}", case.ce_loss);
                 let rel = (norm - case.grad_norm).abs() / case.grad_norm;
-                assert!(
-                    rel <= 1e-4,
-                    "{what} (checkpointing {checkpointing}): grad norm {norm} vs {} (rel {rel})",
-                    case.grad_norm
-                );
+                assert!(rel <= 1e-4, "{what} ({batching:?}): grad norm {norm} vs {} (rel {rel})", case.grad_norm);
             }
         }
     }
@@ -392,7 +395,7 @@ fn a_fresh_lora_adapter_leaves_logits_unchanged_and_training_changes_only_adapte
     for _ in 0..4 {
         opt.zero_grad();
         policy
-            .backward(&requests, 1 << 20, false, 0, &mut |mb| {
+            .backward(&requests, &MicroBatching::new(1 << 20, false), 0, &mut |mb| {
                 let loss = -(&mb.logprobs * &mb.mask).sum(Kind::Float) / mb.mask.sum(Kind::Float);
                 losses.push(loss.double_value(&[]));
                 Ok(loss)
@@ -632,7 +635,7 @@ fn export_for_transformers() {
         let mut opt = tch::nn::AdamW::default().build(policy.var_store(), 1e-2).unwrap();
         for _ in 0..2 {
             opt.zero_grad();
-            policy.backward(&requests, 1 << 20, false, 0, &mut |mb| mean_ce(mb)).unwrap();
+            policy.backward(&requests, &MicroBatching::new(1 << 20, false), 0, &mut |mb| mean_ce(mb)).unwrap();
             opt.step();
         }
         let full = out.join(format!("{family}-full"));
@@ -650,7 +653,7 @@ fn export_for_transformers() {
         let mut opt = tch::nn::AdamW::default().build(policy.adapter_var_store("a").unwrap(), 1e-2).unwrap();
         for _ in 0..2 {
             opt.zero_grad();
-            policy.backward(&requests, 1 << 20, false, 0, &mut |mb| mean_ce(mb)).unwrap();
+            policy.backward(&requests, &MicroBatching::new(1 << 20, false), 0, &mut |mb| mean_ce(mb)).unwrap();
             opt.step();
         }
         let adapter = out.join(format!("{family}-adapter"));

@@ -58,7 +58,7 @@ pub async fn initialise(
                     policy,
                     base: Some(base),
                 };
-                policies::save(&mut writer, &loaded, 0).await?
+                policies::save(&mut writer, &loaded, 0, None).await?
             }
             (ModelInit::Scratch, Some(_)) => {
                 unreachable!("config validation refuses init: scratch with lora outside a fork")
@@ -81,7 +81,7 @@ pub async fn initialise(
                 }
                 let loaded =
                     LoadedPolicy { name: name.clone(), version: 0, weights_sha256: String::new(), policy, base: None };
-                policies::save(&mut writer, &loaded, 0).await?
+                policies::save(&mut writer, &loaded, 0, None).await?
             }
         };
         saved.push(checkpoint);
@@ -162,6 +162,11 @@ async fn initialise_from(
     let mut saved = Vec::new();
     for fetched in fetched {
         let policy_config = &config.policies[&fetched.name];
+        // The source's optimisation goes on, unless a full model becomes a new adapter's base.
+        let optimizer = match (&fetched.base, &policy_config.lora) {
+            (None, Some(_)) => None,
+            _ => policies::optimizer_state(&fetched)?,
+        };
         let loaded = match (&fetched.base, &policy_config.lora) {
             (Some((_, dir)), _) => {
                 let base = Some(policies::save_base(&mut writer, &fetched.name, dir).await?);
@@ -176,7 +181,7 @@ async fn initialise_from(
             }
             (None, None) => policies::open(config, fetched)?,
         };
-        saved.push(policies::save(&mut writer, &loaded, k).await?);
+        saved.push(policies::save(&mut writer, &loaded, k, optimizer.as_ref()).await?);
     }
     let info = CommitInfo { checkpoints: saved, ..stages::run_info(config) };
     Ok(writer.finish().commit(info).await?)

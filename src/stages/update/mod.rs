@@ -24,9 +24,11 @@
 //! the first step's ratio exactly 1. Sample order is a seeded shuffle keyed by (run
 //! seed, iteration, policy, epoch), so a rerun on CPU writes the same weights bit for bit.
 //!
-//! A fresh AdamW is built per update (optimiser state is not checkpointed). Its
-//! learning-rate schedule is placed on a run-wide step axis that assumes every iteration
-//! takes as many steps as this one: step = k · steps_k + s of iterations · steps_k.
+//! The optimiser continues across iterations: its state (float32 moments and master
+//! weights, the step count) is saved with every checkpoint version and loaded with it, so
+//! a resumed run or a fork continues the very same optimisation. The learning-rate
+//! schedule is placed on a run-wide step axis that assumes every iteration takes as many
+//! steps as this one: step = k · steps_k + s of iterations · steps_k.
 //!
 //! `updates.entropy` is the mean of −log π(token) over the mini-batch's sampled tokens
 //! under the pre-step weights: the token entropy in expectation when the rollout sampled
@@ -43,7 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::algo::loss::ppo_clip_loss;
 use crate::config::RunConfig;
-use crate::model::{MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer};
+use crate::model::{AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer};
 use crate::policies;
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, permutation, stream};
@@ -68,8 +70,9 @@ pub struct UpdateConfig {
     pub micro_batch_tokens: u32,
     /// Global gradient-norm clip.
     pub grad_clip: f64,
-    /// Recompute activations in the backward pass to save memory.
-    pub gradient_checkpointing: bool,
+    /// Recompute activations in the backward pass to save memory: true, false, or auto
+    /// (on when a micro-batch's activations would take more than 4 GiB).
+    pub gradient_checkpointing: Checkpointing,
     /// Largest mean |recomputed - sampled| token logprob accepted before the first step;
     /// more means the weights or the sampler are wrong, and the update refuses.
     pub max_logprob_drift: f64,
@@ -82,7 +85,7 @@ impl Default for UpdateConfig {
             mini_batch_sequences: 64,
             micro_batch_tokens: 8192,
             grad_clip: 1.0,
-            gradient_checkpointing: false,
+            gradient_checkpointing: Checkpointing::Auto,
             max_logprob_drift: 0.05,
         }
     }
@@ -97,8 +100,55 @@ impl UpdateConfig {
         check(self.max_logprob_drift > 0.0, "update.max_logprob_drift", "must be positive")
     }
 
-    fn micro_batching(&self) -> MicroBatching {
-        MicroBatching { max_tokens: self.micro_batch_tokens as usize, checkpointing: self.gradient_checkpointing }
+    /// How `policy` trains: micro-batches of `micro_batch_tokens`, checkpointed as
+    /// configured or as the model needs.
+    pub(super) fn micro_batching(&self, policy: &Policy) -> MicroBatching {
+        let tokens = self.micro_batch_tokens as usize;
+        let checkpointing = match self.gradient_checkpointing {
+            Checkpointing::On => true,
+            Checkpointing::Off => false,
+            Checkpointing::Auto => policy.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
+        };
+        MicroBatching::new(tokens, checkpointing)
+    }
+}
+
+/// Activations of one micro-batch above which `gradient_checkpointing: auto` turns it on.
+const AUTO_CHECKPOINTING_BYTES: u64 = 4 << 30;
+
+/// Whether activations are recomputed in the backward pass (`update.gradient_checkpointing`):
+/// `true`, `false` or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkpointing {
+    Auto,
+    On,
+    Off,
+}
+
+impl Serialize for Checkpointing {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Checkpointing::Auto => s.serialize_str("auto"),
+            Checkpointing::On => s.serialize_bool(true),
+            Checkpointing::Off => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Checkpointing {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checkpointing, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bool(bool),
+            Word(String),
+        }
+        match Written::deserialize(d)? {
+            Written::Bool(true) => Ok(Checkpointing::On),
+            Written::Bool(false) => Ok(Checkpointing::Off),
+            Written::Word(w) if w == "auto" => Ok(Checkpointing::Auto),
+            Written::Word(w) => Err(serde::de::Error::custom(format!("{w:?} is not true, false or auto"))),
+        }
     }
 }
 
@@ -214,16 +264,18 @@ pub async fn run(
     let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
     let mut model_seconds = 0.0;
     for (set, fetched) in sets.into_iter().zip(fetched) {
+        let optimizer = policies::optimizer_state(&fetched)?;
         let mut loaded = policies::open(config, fetched)?;
-        let settings = PpoSettings::new(config, &set.name, iteration);
+        let settings = PpoSettings::new(config, &set.name, iteration, &loaded.policy);
         let adapter = loaded.adapter().map(str::to_owned);
         let started = Instant::now();
         let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
-        rows.extend(phase(progress, &label, steps, "steps", || {
-            train_ppo(&mut loaded.policy, adapter.as_deref(), &set, &settings, progress)
-        })?);
+        let (trained, optimizer) = phase(progress, &label, steps, "steps", || {
+            train_ppo(&mut loaded.policy, adapter.as_deref(), &set, &settings, optimizer, progress)
+        })?;
+        rows.extend(trained);
         model_seconds += started.elapsed().as_secs_f64();
-        saved.push(policies::save(&mut writer, &loaded, iteration + 1).await?);
+        saved.push(policies::save(&mut writer, &loaded, iteration + 1, optimizer.as_ref()).await?);
         used.push(set.current);
     }
     if !rows.is_empty() {
@@ -251,7 +303,7 @@ struct PpoSettings<'a> {
 }
 
 impl PpoSettings<'_> {
-    fn new<'a>(config: &'a RunConfig, name: &str, iteration: u32) -> PpoSettings<'a> {
+    fn new<'a>(config: &'a RunConfig, name: &str, iteration: u32, policy: &Policy) -> PpoSettings<'a> {
         let update = &config.update;
         let algorithm = &config.algorithm;
         PpoSettings {
@@ -260,7 +312,7 @@ impl PpoSettings<'_> {
             iterations: config.iterations,
             epochs: update.epochs,
             mini_batch: update.mini_batch_sequences.max(1) as usize,
-            micro: update.micro_batching(),
+            micro: update.micro_batching(policy),
             grad_clip: update.grad_clip,
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,
@@ -278,17 +330,19 @@ impl PpoSettings<'_> {
     }
 }
 
-/// Recomputes the logprobs (drift check), then runs the PPO-clip steps; one row per step.
+/// Recomputes the logprobs (drift check), then runs the PPO-clip steps, continuing the
+/// optimiser state `optimizer`; one row per step, and the state to save with the result.
 fn train_ppo(
     policy: &mut Policy,
     adapter: Option<&str>,
     set: &TrainingSet,
     settings: &PpoSettings,
+    optimizer: Option<AdamWState>,
     progress: &dyn Progress,
-) -> Result<Vec<UpdateRow>, super::Error> {
+) -> Result<(Vec<UpdateRow>, Option<AdamWState>), super::Error> {
     let sequences = &set.sequences;
     if sequences.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), optimizer));
     }
     let requests: Vec<ScoreRequest> = sequences
         .iter()
@@ -315,7 +369,7 @@ fn train_ppo(
         }
         .into());
     }
-    let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip)?;
+    let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
     let steps_per_iteration = settings.steps(sequences.len());
     let total = u64::from(settings.iterations) * steps_per_iteration;
     let mut rows = Vec::new();
@@ -333,24 +387,18 @@ fn train_ppo(
             let done =
                 trainer.ppo_step(policy, &batch, &old_batch, &advantages, settings.clip, settings.micro, seed, lr)?;
             let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
-            rows.push(step_row(
-                settings,
-                set,
-                chunk,
-                &done.logprobs,
-                &old,
-                &drift,
-                StepFacts { step, grad_norm: done.grad_norm, lr, start },
-            ));
+            let facts = StepFacts { step, grad_norm: done.grad_norm, weights_change: done.weights_change, lr, start };
+            rows.push(step_row(settings, set, chunk, &done.logprobs, &old, &drift, facts));
             progress.advance(1, tokens as u64);
         }
     }
-    Ok(rows)
+    Ok((rows, Some(trainer.state())))
 }
 
 struct StepFacts {
     step: u64,
     grad_norm: f64,
+    weights_change: f64,
     lr: f64,
     start: Instant,
 }
@@ -394,6 +442,7 @@ fn step_row(
         tokens: summary.tokens as u64,
         sequences: chunk.len() as u32,
         learning_rate: facts.lr,
+        weights_change: Some(facts.weights_change),
         seconds: facts.start.elapsed().as_secs_f64(),
     }
 }

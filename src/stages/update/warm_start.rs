@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::algo::schedule::Schedule;
 use crate::config::RunConfig;
-use crate::model::{MicroBatching, OptimizerConfig, Policy, ScoreRequest, Trainer};
+use crate::model::{OptimizerConfig, Policy, ScoreRequest, Trainer};
 use crate::progress::Progress;
 use crate::rng::{Key, permutation, stream};
 use crate::tables::{DemonstrationRow, UpdateRow};
@@ -108,11 +108,8 @@ pub(super) fn train(
         }
         order.extend(permutation(examples.len(), stream(&[seed, cycle])));
     }
-    let micro = MicroBatching {
-        max_tokens: config.update.micro_batch_tokens as usize,
-        checkpointing: config.update.gradient_checkpointing,
-    };
-    let mut trainer = Trainer::new(policy, None, &warm.optimizer, config.update.grad_clip)?;
+    let micro = config.update.micro_batching(policy);
+    let mut trainer = Trainer::new(policy, None, &warm.optimizer, config.update.grad_clip, None)?;
     let mut rows = Vec::with_capacity(steps);
     for step in 0..steps {
         let start = Instant::now();
@@ -140,6 +137,7 @@ pub(super) fn train(
             tokens: tokens as u64,
             sequences: chosen.len() as u32,
             learning_rate: lr,
+            weights_change: Some(done.weights_change),
             seconds: start.elapsed().as_secs_f64(),
         });
         progress.advance(1, tokens as u64);
