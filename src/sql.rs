@@ -147,6 +147,12 @@ fn checkpoint_rows(markers: &[StoredMarker]) -> Vec<CheckpointRow> {
                 stage: m.marker.stage.name().to_string(),
                 path: checkpoint.dir.clone(),
                 weights_sha256: checkpoint.weights_sha256.clone(),
+                optimizer_sha256: m
+                    .marker
+                    .files
+                    .iter()
+                    .find(|f| f.path.strip_prefix(&prefix) == Some(crate::model::OPTIMIZER_FILE))
+                    .map(|f| f.sha256.clone()),
                 bytes: m.marker.files.iter().filter(|f| f.path.starts_with(&prefix)).map(|f| f.bytes).sum(),
             });
         }

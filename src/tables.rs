@@ -222,6 +222,7 @@ pub struct CheckpointRow {
     pub stage: String,
     pub path: String,
     pub weights_sha256: String,
+    pub optimizer_sha256: Option<String>,
     pub bytes: u64,
 }
 impl Row for CheckpointRow {

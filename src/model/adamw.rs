@@ -46,6 +46,7 @@ impl AdamWState {
     pub fn save(&self, path: &Path) -> Result<()> {
         let tensors: Vec<(String, Tensor)> = self.tensors.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
         write_safetensors_with(path, &tensors, &[("petting", "adamw".into()), ("step", self.step.to_string())])
+            .map(drop)
     }
 
     pub fn load(path: &Path) -> Result<AdamWState> {
@@ -172,7 +173,8 @@ impl AdamW {
                     continue;
                 }
                 let g = grad.to_kind(Kind::Float) * clip;
-                let before = p.weight.to_kind(Kind::Float);
+                // A copy: to_kind of a float32 weight would alias the storage stepped below.
+                let before = p.weight.to_kind(Kind::Float).copy();
                 norm += before.square().sum(Kind::Double).double_value(&[]);
                 let mut w = p.master.as_ref().map_or_else(|| p.weight.shallow_clone(), Tensor::shallow_clone);
                 let _ = w.g_mul_scalar_(decay);
@@ -226,13 +228,15 @@ mod tests {
         let w = weight(&[1.0, -2.0], Kind::Float);
         let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
         set_grad(&w, &[0.5, -4.0]);
-        adamw.step(0.1, 1.0);
+        let change = adamw.step(0.1, 1.0);
         // t = 1: m̂ = g, v̂ = g², so each weight moves by lr · sign(g) after decay.
         let expected = [1.0 * (1.0 - 0.001) - 0.1, -2.0 * (1.0 - 0.001) + 0.1];
         let got = Vec::<f32>::try_from(&w).unwrap();
         for (g, e) in got.iter().zip(expected) {
             assert!((f64::from(*g) - e).abs() < 1e-6, "{got:?}");
         }
+        let moved = ((expected[0] - 1.0f64).powi(2) + (expected[1] + 2.0f64).powi(2)).sqrt() / 5f64.sqrt();
+        assert!((change.relative - moved).abs() < 1e-6, "{change:?} vs {moved}");
     }
 
     #[test]

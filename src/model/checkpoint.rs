@@ -21,7 +21,10 @@ use sha2::{Digest, Sha256};
 
 use super::lora::LoraConfig;
 use super::policy::Policy;
-use super::weights::{SafetensorsSet, WEIGHTS_FILE, Weights, write_safetensors};
+use super::weights::{
+    MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, Weights, shard_names, weights_digest,
+    write_safetensors, write_weights,
+};
 use super::{Error, Result};
 
 /// The weights file of a PEFT adapter.
@@ -62,10 +65,17 @@ impl CheckpointMeta {
         serde_json::from_str(&text).map_err(|e| Error::Format { file: path, reason: e.to_string() })
     }
 
-    /// Checks the weights file against the recorded sha256.
+    /// Checks the weights files against the recorded digest (see [`weights_digest`]).
     pub fn verify(&self, dir: &Path) -> Result<()> {
         let path = dir.join(&self.weights_file);
-        let found = sha256_file(&path)?;
+        let mut names = vec![self.weights_file.clone()];
+        if self.weights_file == WEIGHTS_INDEX_FILE {
+            names.extend(shard_names(dir)?.unwrap_or_default().into_values());
+            names.sort();
+            names.dedup();
+        }
+        let files = names.into_iter().map(|n| Ok((sha256_file(&dir.join(&n))?, n))).collect::<Result<Vec<_>>>()?;
+        let found = weights_digest(&files.into_iter().map(|(sha, n)| (n, sha)).collect::<Vec<_>>());
         if found != self.weights_sha256 {
             return Err(Error::Format {
                 file: path,
@@ -122,8 +132,14 @@ fn dtype_name(kind: tch::Kind) -> &'static str {
 
 impl Policy {
     /// Writes the base model as a Hugging Face folder transformers loads unchanged, plus
-    /// `meta.json`. Adapters are not merged in (save them with [`Policy::save_adapter`]).
+    /// `meta.json`: one `model.safetensors`, or shards of at most 5 GB with their index.
+    /// Adapters are not merged in (save them with [`Policy::save_adapter`]).
     pub fn save(&self, dir: &Path, save_as: &SaveAs) -> Result<CheckpointMeta> {
+        self.save_sharded(dir, save_as, MAX_SHARD_BYTES)
+    }
+
+    /// [`Policy::save`] with shards of at most `max_shard_bytes`.
+    pub fn save_sharded(&self, dir: &Path, save_as: &SaveAs, max_shard_bytes: usize) -> Result<CheckpointMeta> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let mut config = self.lm.config.raw.clone();
         if let Some(map) = config.as_object_mut() {
@@ -133,20 +149,19 @@ impl Policy {
             map.insert(key.into(), dtype_name(self.kind()).into());
         }
         write_json(&dir.join("config.json"), &config)?;
-        let mut tensors: Vec<(String, tch::Tensor)> = self.vs.variables().into_iter().collect();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let weights = dir.join(WEIGHTS_FILE);
-        write_safetensors(&weights, &tensors)?;
+        let tensors: Vec<(String, tch::Tensor)> = self.vs.variables().into_iter().collect();
+        let written = write_weights(dir, &tensors, max_shard_bytes)?;
         for (name, bytes) in &self.assets {
             write_atomic(&dir.join(name), bytes)?;
         }
+        let weights_file = if written.len() == 1 { WEIGHTS_FILE } else { WEIGHTS_INDEX_FILE };
         let meta = CheckpointMeta {
             policy: save_as.policy.to_owned(),
             version: save_as.version,
             parent: save_as.parent.map(str::to_owned),
             kind: "full".into(),
-            weights_file: WEIGHTS_FILE.into(),
-            weights_sha256: sha256_file(&weights)?,
+            weights_file: weights_file.into(),
+            weights_sha256: weights_digest(&written),
             code_version: crate::CODE_VERSION.into(),
             base_weights_sha256: None,
         };
@@ -166,17 +181,15 @@ impl Policy {
         let adapter = &self.adapters[self.adapter_slot(name)?];
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         write_json(&dir.join(ADAPTER_CONFIG_FILE), &PeftConfig::from_lora(&adapter.config, base_model))?;
-        let mut tensors: Vec<(String, tch::Tensor)> = adapter.vs.variables().into_iter().collect();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let weights = dir.join(ADAPTER_WEIGHTS_FILE);
-        write_safetensors(&weights, &tensors)?;
+        let tensors: Vec<(String, tch::Tensor)> = adapter.vs.variables().into_iter().collect();
+        let weights_sha256 = write_safetensors(&dir.join(ADAPTER_WEIGHTS_FILE), &tensors)?;
         let meta = CheckpointMeta {
             policy: save_as.policy.to_owned(),
             version: save_as.version,
             parent: save_as.parent.map(str::to_owned),
             kind: "adapter".into(),
             weights_file: ADAPTER_WEIGHTS_FILE.into(),
-            weights_sha256: sha256_file(&weights)?,
+            weights_sha256,
             code_version: crate::CODE_VERSION.into(),
             base_weights_sha256: None,
         };

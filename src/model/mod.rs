@@ -52,7 +52,10 @@ pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use tokenizer::Tokenizer;
 pub use train::{MicroBatch, MicroBatching, ScoreRequest};
 pub use trainer::{OptimizerConfig, PpoClip, Trainer};
-pub use weights::{SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, read_header, write_safetensors};
+pub use weights::{
+    MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
+    weights_digest, write_safetensors, write_weights,
+};
 
 /// Errors of the model code; each names the file and, where there is one, the tensor.
 #[derive(Debug, thiserror::Error)]

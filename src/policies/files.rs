@@ -4,8 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
-
 use crate::model::{self, CheckpointMeta, META_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
 use crate::store::{self, FileEntry, RunStore, StageWriter};
 
@@ -150,9 +148,7 @@ pub(super) async fn upload_dir(writer: &mut StageWriter<'_>, local: &Path, dir: 
     let mut names: Vec<String> = read.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into()).collect();
     names.sort();
     for name in names {
-        let path = local.join(&name);
-        let bytes = std::fs::read(&path).map_err(|source| Error::Cache { path: path.clone(), source })?;
-        writer.write_file(format!("{dir}/{name}"), Bytes::from(bytes)).await?;
+        writer.write_local_file(format!("{dir}/{name}"), &local.join(&name)).await?;
     }
     Ok(())
 }
@@ -163,21 +159,13 @@ pub(super) fn write_meta(dir: &Path, meta: &CheckpointMeta) -> Result<(), Error>
     write_atomic(&dir.join(META_FILE), text.as_bytes())
 }
 
-/// The weights files of a Hugging Face folder: `model.safetensors`, or the index and
-/// the shards it names. Returns (files, the file whose sha256 identifies the weights).
+/// The weights files of a Hugging Face folder: `model.safetensors`, or the shards its
+/// index names and the index. Returns (files, the file loaders open first).
 pub(super) fn weight_files(model_dir: &Path) -> Result<(Vec<String>, String), Error> {
-    let index = model_dir.join(WEIGHTS_INDEX_FILE);
-    if !index.exists() {
+    let Some(map) = model::shard_names(model_dir)? else {
         return Ok((vec![WEIGHTS_FILE.to_string()], WEIGHTS_FILE.to_string()));
-    }
-    let text = std::fs::read_to_string(&index).map_err(|source| Error::Cache { path: index.clone(), source })?;
-    let parsed: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| model::Error::Format { file: index.clone(), reason: format!("not valid JSON: {e}") })?;
-    let mut files: Vec<String> = parsed
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
+    };
+    let mut files: Vec<String> = map.into_values().collect();
     files.sort();
     files.dedup();
     files.push(WEIGHTS_INDEX_FILE.to_string());
@@ -185,24 +173,20 @@ pub(super) fn weight_files(model_dir: &Path) -> Result<(Vec<String>, String), Er
 }
 
 /// Copies a pretrained Hugging Face folder byte for byte into the attempt under `dir`
-/// (config, weights, tokenizer files), so the run does not depend on the folder staying
-/// put. Returns the sha256 of the file that identifies the weights.
+/// (config, weights, tokenizer files), file by file in chunks, so the run does not depend
+/// on the folder staying put. Returns (the file loaders open first, the weights digest).
 pub(super) async fn copy_folder(
     writer: &mut StageWriter<'_>,
     model_dir: &Path,
     dir: &str,
 ) -> Result<(String, String), Error> {
     let (weights, identifying) = weight_files(model_dir)?;
-    let mut names: Vec<String> = HF_FILES.iter().map(|s| s.to_string()).chain(weights).collect();
-    names.retain(|n| n == &identifying || model_dir.join(n).exists());
-    let mut sha = String::new();
-    for name in names {
-        let path = model_dir.join(&name);
-        let bytes = std::fs::read(&path).map_err(|e| model::Error::Io { file: path.clone(), source: e })?;
-        if name == identifying {
-            sha = store::sha256_hex(&bytes);
-        }
-        writer.write_file(format!("{dir}/{name}"), Bytes::from(bytes)).await?;
+    let mut written = Vec::new();
+    for name in &weights {
+        written.push((name.clone(), writer.write_local_file(format!("{dir}/{name}"), &model_dir.join(name)).await?));
     }
-    Ok((identifying, sha))
+    for name in HF_FILES.iter().filter(|n| model_dir.join(n).exists()) {
+        writer.write_local_file(format!("{dir}/{name}"), &model_dir.join(name)).await?;
+    }
+    Ok((identifying, model::weights_digest(&written)))
 }

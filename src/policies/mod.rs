@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::RunConfig;
 use crate::model::{
     self, AdamWState, CheckpointMeta, DType, Device, LoadOptions, LoraConfig, META_FILE, OPTIMIZER_FILE,
-    OptimizerConfig, Policy, SaveAs, WEIGHTS_FILE,
+    OptimizerConfig, Policy, SaveAs,
 };
 use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
 use crate::validate::{Invalid, check};
@@ -329,24 +329,31 @@ fn check_meta(store: &RunStore, checkpoint: &CheckpointRef, meta: &CheckpointMet
     }
 }
 
-/// The committed base folder whose weights file has `sha256`.
+/// The committed base folder whose weights have the digest `sha256` (a base folder,
+/// `…/base.<attempt>/`, before any other folder holding the same weights).
 fn find_base<'m>(
     markers: &'m [StoredMarker],
     sha256: &str,
     adapter_dir: &str,
 ) -> Result<(&'m StoredMarker, BaseRef), Error> {
-    markers
-        .iter()
-        .find_map(|m| {
-            let entry = m
-                .marker
-                .files
-                .iter()
-                .find(|f| f.table.is_none() && f.sha256 == sha256 && file_name(&f.path) == WEIGHTS_FILE)?;
-            let dir = entry.path.rsplit_once('/').map_or("", |(d, _)| d).to_string();
-            Some((m, BaseRef { dir, weights_sha256: sha256.to_string() }))
-        })
-        .ok_or_else(|| Error::NoBase { sha256: sha256.to_string(), dir: adapter_dir.to_string() })
+    let mut found: Vec<(&StoredMarker, String)> = Vec::new();
+    for m in markers {
+        let mut by_dir: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
+        for f in m.marker.files.iter().filter(|f| f.table.is_none()) {
+            let (dir, name) = f.path.rsplit_once('/').unwrap_or(("", &f.path));
+            if model::is_weight_file(name) {
+                by_dir.entry(dir).or_default().push((name.to_string(), f.sha256.clone()));
+            }
+        }
+        let matching = by_dir.into_iter().filter(|(_, files)| model::weights_digest(files) == sha256);
+        found.extend(matching.map(|(dir, _)| (m, dir.to_string())));
+    }
+    found.sort_by_key(|(_, dir)| !file_name(dir).starts_with("base."));
+    let (marker, dir) = found
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoBase { sha256: sha256.to_string(), dir: adapter_dir.to_string() })?;
+    Ok((marker, BaseRef { dir, weights_sha256: sha256.to_string() }))
 }
 
 /// Writes `loaded.policy` as version `version` of `loaded.name` (parent `version - 1`,
@@ -409,19 +416,12 @@ pub async fn save_pretrained_copy(
     Ok(CheckpointRef { policy: name.to_string(), version: 0, parent_version: None, dir, weights_sha256 })
 }
 
-/// Commits the pretrained folder `model_dir` as the frozen base of LoRA policy `name`,
-/// at `checkpoints/<name>/base.<attempt>/`. Its weights must be a single
-/// `model.safetensors`, the file adapters name by sha256.
+/// Commits the pretrained folder `model_dir` (one `model.safetensors` or shards) as the
+/// frozen base of LoRA policy `name`, at `checkpoints/<name>/base.<attempt>/`; adapters
+/// name it by its weights digest.
 pub async fn save_base(writer: &mut StageWriter<'_>, name: &str, model_dir: &Path) -> Result<BaseRef, Error> {
     let dir = format!("checkpoints/{name}/base.{}", writer.attempt());
-    let (weights_file, weights_sha256) = copy_folder(writer, model_dir, &dir).await?;
-    if weights_file != WEIGHTS_FILE {
-        return Err(Error::Invalid {
-            url: model_dir.display().to_string(),
-            dir,
-            reason: format!("a LoRA base must have one {WEIGHTS_FILE}; merge the shards first"),
-        });
-    }
+    let (_, weights_sha256) = copy_folder(writer, model_dir, &dir).await?;
     Ok(BaseRef { dir, weights_sha256 })
 }
 

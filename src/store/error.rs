@@ -48,6 +48,9 @@ pub enum Error {
 
     #[error("no run at {url}: it has no run.yaml and no commit markers")]
     RunNotFound { url: String },
+
+    #[error("cannot read {path} to store it: {source}")]
+    LocalFile { path: String, source: std::io::Error },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

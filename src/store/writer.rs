@@ -95,6 +95,44 @@ impl<'a> StageWriter<'a> {
         self.put(path, bytes, None, None).await
     }
 
+    /// Writes the local file `local` at `path` (which must carry the attempt id), read
+    /// and hashed in chunks on its way up, so a file of many gigabytes (a checkpoint
+    /// shard) is never held in memory. Returns its sha256.
+    pub async fn write_local_file(&mut self, path: String, local: &std::path::Path) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        use tokio::io::AsyncReadExt;
+        assert!(path.contains(&self.attempt), "{path} does not carry attempt {}", self.attempt);
+        let read_error = |e: std::io::Error| Error::LocalFile { path: local.display().to_string(), source: e };
+        let mut file = tokio::fs::File::open(local).await.map_err(read_error)?;
+        let len = file.metadata().await.map_err(read_error)?.len();
+        if len as usize <= MULTIPART_THRESHOLD {
+            let mut bytes = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut bytes).await.map_err(read_error)?;
+            let sha256 = sha256_hex(&bytes);
+            self.put(path, Bytes::from(bytes), None, None).await?;
+            return Ok(sha256);
+        }
+        let location = self.store.path(&path);
+        let upload = self.store.object_store().put_multipart(&location).await;
+        let upload = upload.map_err(|e| self.store.object_error("write", &path, e))?;
+        let mut upload = WriteMultipart::new_with_chunk_size(upload, MULTIPART_CHUNK);
+        let mut hasher = Sha256::new();
+        let mut chunk = vec![0u8; MULTIPART_CHUNK];
+        loop {
+            let n = file.read(&mut chunk).await.map_err(read_error)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&chunk[..n]);
+            upload.wait_for_capacity(CONCURRENCY).await.map_err(|e| self.store.object_error("write", &path, e))?;
+            upload.write(&chunk[..n]);
+        }
+        upload.finish().await.map_err(|e| self.store.object_error("write", &path, e))?;
+        let sha256 = hex::encode(hasher.finalize());
+        self.files.push(FileEntry { path, bytes: len, sha256: sha256.clone(), table: None, rows: None });
+        Ok(sha256)
+    }
+
     async fn put(&mut self, path: String, bytes: Bytes, table: Option<Table>, rows: Option<u64>) -> Result<()> {
         let entry = FileEntry { path, bytes: bytes.len() as u64, sha256: sha256_hex(&bytes), table, rows };
         let location = self.store.path(&entry.path);

@@ -330,6 +330,11 @@ fn runs_killed_at_random_moments_resume_to_the_same_tables() {
     pipeline(&config_d);
     assert!(kills >= 2, "the run should have been interrupted several times ({kills})");
     assert_eq!(content(&a), content(&d), "same seed, same tables, however often it was killed");
+    // The same weights and the same optimiser state in every version, too.
+    let checkpoints =
+        "select policy, version, weights_sha256, optimizer_sha256 from checkpoints order by policy, version";
+    assert_eq!(sql(&a, checkpoints), sql(&d, checkpoints));
+    assert_eq!(sql(&a, "select count(optimizer_sha256) as n from checkpoints"), "n\n4\n", "v1 and v2 of two policies");
     let (ok, stdout, _) = run(&["verify", d.to_str().unwrap()]);
     assert!(ok, "{stdout}");
 }

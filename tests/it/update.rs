@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use petting::config::{self, RunConfig};
-use petting::model::{ChatMessage, LoadOptions, Policy, ScoreRequest, TemplateOptions};
+use petting::model::{
+    AdamWState, ChatMessage, LoadOptions, OPTIMIZER_FILE, Policy, SaveAs, ScoreRequest, TemplateOptions,
+};
 use petting::policies::{self, LoadedPolicy};
 use petting::progress::Quiet;
 use petting::schema::Table;
@@ -16,6 +18,7 @@ use petting::stages::{self, advantage, group, update};
 use petting::store::{CommitInfo, CommitMarker, Partition, PolicyRef, RunStore, Split, Stage, StageId};
 use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
 use petting::workflows::Role;
+use tch::Kind;
 
 use crate::model::shared_dir;
 use crate::support::block_on;
@@ -64,10 +67,18 @@ struct Run {
 }
 
 fn new_run(extra: &str) -> Run {
+    new_run_edited(extra, &[])
+}
+
+/// `new_run` with each `(from, to)` replaced in the config text.
+fn new_run_edited(extra: &str, edits: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run");
     std::fs::create_dir_all(&path).unwrap();
-    let text = config_text(&path, extra);
+    let text = edits.iter().fold(config_text(&path, extra), |text, (from, to)| {
+        assert!(text.contains(from), "{from:?} is not in the test config");
+        text.replace(from, to)
+    });
     let config = config::parse(&text, Path::new("it.yaml")).unwrap();
     let store = RunStore::open(path.to_str().unwrap()).unwrap();
     block_on(store.init_config(&text)).unwrap();
@@ -317,6 +328,123 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
     let twin_marker = block_on(update::run(&twin, &run.config, 0, &Quiet)).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().map(|c| c.weights_sha256.clone()).collect::<Vec<_>>();
     assert_eq!(sha(&twin_marker), sha(&marker));
+}
+
+/// The optimiser state committed with `policy`'s checkpoint in `marker`.
+fn optimizer_state(run: &Run, marker: &CommitMarker, policy: &str) -> Option<AdamWState> {
+    let checkpoint = marker.checkpoints.iter().find(|c| c.policy == policy).unwrap();
+    let path = run.path.join(&checkpoint.dir).join(OPTIMIZER_FILE);
+    path.exists().then(|| AdamWState::load(&path).unwrap())
+}
+
+#[test]
+fn the_optimiser_continues_from_the_version_it_trains() {
+    let run = new_run("");
+    let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    assert!(optimizer_state(&run, &v0, "tool_p").is_none(), "v0 has not been optimised yet");
+    let mut steps = [0u64; 2];
+    for k in 0..2 {
+        block_on(rollout(&run, k, Tamper::None));
+        let marker = block_on(update::run(&run.store, &run.config, k, &Quiet)).unwrap();
+        let rows = update_rows(&run, &marker);
+        for (i, policy) in ["plan_p", "tool_p"].into_iter().enumerate() {
+            let mine: Vec<&UpdateRow> = rows.iter().filter(|r| r.policy == policy).collect();
+            steps[i] += mine.len() as u64;
+            assert!(mine.iter().all(|r| r.weights_change.is_some_and(|c| c > 0.0)), "{policy}: {mine:?}");
+            // Moments and the step count carry over: bias correction does not restart.
+            let state = optimizer_state(&run, &marker, policy).unwrap();
+            assert_eq!(state.step, steps[i], "{policy} after iteration {k}");
+            let kinds: Vec<&str> = state.tensors.keys().map(|k| k.split('.').next().unwrap()).collect();
+            assert!(kinds.contains(&"exp_avg") && kinds.contains(&"exp_avg_sq") && !kinds.contains(&"master"));
+        }
+    }
+    let checkpoints =
+        sql_rows(&run, "select version, optimizer_sha256 from checkpoints where policy = 'tool_p' order by version");
+    assert!(checkpoints[0].ends_with(',') && checkpoints[1..].iter().all(|r| r.len() > 60), "{checkpoints:?}");
+}
+
+/// The CSV rows of a query over the run, without the header.
+fn sql_rows(run: &Run, query: &str) -> Vec<String> {
+    let (_, rows) = block_on(async {
+        let sql = petting::sql::RunSql::open(&run.store).await.unwrap();
+        sql.query(query).await.unwrap()
+    });
+    let mut csv = Vec::new();
+    arrow::csv::WriterBuilder::new().with_header(false).build(&mut csv).write(&rows[0]).unwrap();
+    String::from_utf8(csv).unwrap().lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn bf16_weights_learn_at_a_realistic_learning_rate_and_bf16_lora_trains_on_cpu() {
+    let model = fixture().display().to_string();
+    let run = new_run_edited(
+        "",
+        &[
+            (
+                &format!("tool_p: {{model: {model}, optimizer: {{lr: 0.001}}}}"),
+                &format!("tool_p: {{model: {model}, dtype: bf16, optimizer: {{lr: 1.0e-6}}}}"),
+            ),
+            (&format!("plan_p: {{model: {model}, "), &format!("plan_p: {{model: {model}, dtype: bf16, ")),
+        ],
+    );
+    let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    block_on(rollout(&run, 0, Tamper::None));
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap();
+    let rows = update_rows(&run, &marker);
+    // A 1e-6 step is below bf16's resolution: stepping the bf16 weights themselves (tch's
+    // AdamW) moved nothing. The float32 masters move by about lr per step.
+    let state = optimizer_state(&run, &marker, "tool_p").unwrap();
+    let start =
+        Policy::load(&fixture(), &LoadOptions { dtype: Some(petting::model::DType::Bf16), ..Default::default() })
+            .unwrap();
+    let weights = start.var_store().variables();
+    let (mut moved, mut total, mut largest) = (0usize, 0usize, 0f64);
+    for (name, weight) in &weights {
+        let master = &state.tensors[&format!("master.{name}")];
+        let delta = (master - weight.to_kind(Kind::Float)).abs();
+        moved += i64::try_from(delta.gt(1e-7).sum(Kind::Int64)).unwrap() as usize;
+        total += weight.numel();
+        largest = largest.max(delta.max().double_value(&[]));
+    }
+    let steps = rows.iter().filter(|r| r.policy == "tool_p").count() as f64;
+    assert!(moved * 2 > total, "only {moved} of {total} master weights moved");
+    assert!(largest <= steps * 1.1e-6, "a step moves a weight by about lr at most: {largest}");
+    // The LoRA adapter (float32 on a bf16 base) trained.
+    let sha = |m: &CommitMarker, p: &str| m.checkpoints.iter().find(|c| c.policy == p).unwrap().weights_sha256.clone();
+    assert_ne!(sha(&v0, "plan_p"), sha(&marker, "plan_p"));
+    assert!(rows.iter().filter(|r| r.policy == "plan_p").all(|r| r.weights_change.unwrap() > 0.0), "{rows:?}");
+}
+
+#[test]
+fn a_sharded_base_trains_a_lora_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let sharded = dir.path().join("sharded");
+    let policy = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
+    let save_as = SaveAs { policy: "base", version: 0, parent: None };
+    policy.save_sharded(&sharded, &save_as, 100_000).unwrap();
+    let shards = std::fs::read_dir(&sharded)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("model-"));
+    assert!(shards.count() >= 5 && !sharded.join("model.safetensors").exists());
+    let fixture_model = fixture().display().to_string();
+    let run = new_run_edited(
+        "",
+        &[(&format!("plan_p: {{model: {fixture_model}"), &format!("plan_p: {{model: {}", sharded.display()))],
+    );
+    let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    let base_files = v0.files.iter().filter(|f| f.path.starts_with("checkpoints/plan_p/base.")).count();
+    assert!(base_files >= 6, "the index and every shard are committed ({base_files})");
+    // The sharded base scores as the single file does.
+    let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
+    let mut direct = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
+    let mut loaded = block_on(policies::load(&run.store, &run.config, "plan_p", 0)).unwrap();
+    let on = ScoreRequest { adapter: loaded.adapter().map(str::to_owned), ..request.clone() };
+    assert_eq!(loaded.policy.score(&[on], 64).unwrap(), direct.score(&[request], 64).unwrap());
+    block_on(rollout(&run, 0, Tamper::None));
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap();
+    let sha = |m: &CommitMarker| m.checkpoints.iter().find(|c| c.policy == "plan_p").unwrap().weights_sha256.clone();
+    assert_ne!(sha(&v0), sha(&marker), "the adapter trained");
+    assert!(block_on(policies::load(&run.store, &run.config, "plan_p", 1)).unwrap().adapter().is_some());
 }
 
 #[test]
