@@ -20,11 +20,25 @@ use clap::Parser;
 
 use args::{Cli, Command, ConfigCommand, ModelCommand, PipelineCommand};
 
+/// libtorch running out of memory reaches the model's boundary as a panic, which the
+/// library turns into an error naming the stage and the knob that helps; the default
+/// hook would print the panic and libtorch's C++ backtrace before that error.
+fn quiet_out_of_memory_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or_default().to_string();
+        if petting::model::out_of_memory_message(&message).is_none() {
+            default(info);
+        }
+    }));
+}
+
 pub fn main() -> ExitCode {
     // Like other Unix tools, stop quietly when the reader of our output goes away
     // (`petting sql … | head`) instead of failing on the broken pipe.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    quiet_out_of_memory_panics();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PETTING_LOG").unwrap_or_else(|_| "warn".into()))

@@ -185,7 +185,7 @@ impl AdamW {
                 let denom = p.exp_avg_sq.sqrt() / bias_correction2_sqrt + self.config.eps;
                 let _ = w.g_add_(&(&p.exp_avg / denom * (-step_size)));
                 if p.master.is_some() {
-                    let _ = p.weight.copy_(&w);
+                    p.weight.copy_(&w);
                 }
                 moved += (p.weight.to_kind(Kind::Float) - before).square().sum(Kind::Double).double_value(&[]);
             }

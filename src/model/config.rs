@@ -70,6 +70,22 @@ enum OneOrMany {
     Many(Vec<i64>),
 }
 
+impl OneOrMany {
+    fn into_vec(self) -> Vec<i64> {
+        match self {
+            OneOrMany::One(id) => vec![id],
+            OneOrMany::Many(ids) => ids,
+        }
+    }
+}
+
+/// The key of `generation_config.json` petting reads.
+#[derive(Debug, Deserialize)]
+struct GenerationEos {
+    #[serde(default)]
+    eos_token_id: Option<OneOrMany>,
+}
+
 /// `rope_parameters` (transformers ≥ 5) or `rope_scaling` (older files).
 #[derive(Debug, Clone, Deserialize)]
 struct HfRope {
@@ -157,9 +173,23 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Reads and resolves `dir/config.json`.
+    /// Reads and resolves `dir/config.json`. The EOS ids are config.json's, then those
+    /// `generation_config.json` adds (what `generate` stops at in transformers: instruct
+    /// models often end their turns with a token config.json does not name).
     pub fn from_dir(dir: &Path) -> Result<ModelConfig, Error> {
-        ModelConfig::from_file(&dir.join("config.json"))
+        let mut config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let generation = dir.join("generation_config.json");
+        if generation.exists() {
+            let text = std::fs::read_to_string(&generation).map_err(|source| Error::io(&generation, source))?;
+            let parsed: GenerationEos = serde_json::from_str(&text)
+                .map_err(|e| Error::Config { file: generation.clone(), reason: e.to_string() })?;
+            for id in parsed.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default() {
+                if !config.eos_token_ids.contains(&id) {
+                    config.eos_token_ids.push(id);
+                }
+            }
+        }
+        Ok(config)
     }
 
     /// Reads and resolves a `config.json`.
@@ -222,11 +252,7 @@ impl ModelConfig {
             Architecture::Qwen2 => (true, false, false, false),
             Architecture::Qwen3 => (attention_bias, attention_bias, false, true),
         };
-        let eos_token_ids = match hf.eos_token_id {
-            None => Vec::new(),
-            Some(OneOrMany::One(id)) => vec![id],
-            Some(OneOrMany::Many(ids)) => ids,
-        };
+        let eos_token_ids = hf.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default();
         Ok(ModelConfig {
             architecture,
             vocab_size: need(hf.vocab_size, "vocab_size")?,
@@ -299,6 +325,20 @@ mod tests {
         let c = ModelConfig::from_json(llama).unwrap();
         assert_eq!((c.rope_theta, c.head_dim, c.num_key_value_heads), (500000.0, 4, 2));
         assert_eq!(c.eos_token_ids, vec![1, 2]);
+    }
+
+    #[test]
+    fn generation_config_adds_its_eos_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = r#"{"model_type":"qwen2","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":1,"num_attention_heads":2,"eos_token_id":7}"#;
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        assert_eq!(ModelConfig::from_dir(dir.path()).unwrap().eos_token_ids, vec![7]);
+        std::fs::write(dir.path().join("generation_config.json"), r#"{"eos_token_id": [9, 7], "top_p": 0.8}"#).unwrap();
+        assert_eq!(ModelConfig::from_dir(dir.path()).unwrap().eos_token_ids, vec![7, 9]);
+        std::fs::write(dir.path().join("generation_config.json"), r#"{"eos_token_id": "x"}"#).unwrap();
+        let err = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("generation_config.json"), "{err}");
     }
 
     #[test]

@@ -104,7 +104,15 @@ impl Policy {
         requests: &[GenerationRequest],
         settings: &GenerationSettings,
     ) -> Result<Vec<Generation>> {
-        tch::no_grad(|| self.generate_inner(requests, settings))
+        let during = || {
+            let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(0);
+            format!(
+                "generating {} sequences (prompts up to {longest} tokens, {} new tokens)",
+                requests.len(),
+                settings.max_new_tokens
+            )
+        };
+        super::guard(during, || tch::no_grad(|| self.generate_inner(requests, settings)))
     }
 
     fn generate_inner(

@@ -85,6 +85,8 @@ pub enum Error {
     Request { reason: String },
     #[error("libtorch: {context}: {source}")]
     Torch { context: String, source: tch::TchError },
+    #[error("out of memory while {during}: {detail}")]
+    OutOfMemory { during: String, detail: String },
 }
 
 impl Error {
@@ -94,6 +96,50 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs model work, turning libtorch running out of memory into [`Error::OutOfMemory`].
+///
+/// tch's infallible tensor operations unwrap libtorch's errors, so an allocation that
+/// fails deep inside a forward pass is a panic. It is caught here, at the model's
+/// boundary, and classified by libtorch's message (its CPU and CUDA allocators say
+/// "can't allocate memory" and "out of memory"); any other panic goes on unwinding.
+pub(crate) fn guard<T>(during: impl FnOnce() -> String, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(result) => result,
+        Err(payload) => match out_of_memory_message(payload.as_ref()) {
+            Some(detail) => Err(Error::OutOfMemory { during: during(), detail }),
+            None => std::panic::resume_unwind(payload),
+        },
+    }
+}
+
+/// libtorch's message, when a panic's payload says an allocation failed.
+pub fn out_of_memory_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    let text =
+        payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied())?;
+    // libtorch's sentence, without tch's wrapping or the C++ backtrace after it (whose
+    // newlines the wrapping escapes).
+    let start = ["CUDA out of memory", "DefaultCPUAllocator: ", "out of memory"].iter().find_map(|m| text.find(m))?;
+    let sentence = &text[start..];
+    let end = ["\\n", "\n", "\")"].iter().filter_map(|m| sentence.find(m)).min().unwrap_or(sentence.len());
+    Some(sentence[..end].trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn out_of_memory_panics_are_told_by_libtorchs_sentence() {
+        let cpu = r#"called `Result::unwrap()` on an `Err` value: Torch("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 82965504 bytes. Error code 12 (Cannot allocate memory)\nframe #0: c10::ThrowEnforceNotMet")"#.to_string();
+        assert_eq!(
+            super::out_of_memory_message(&cpu).unwrap(),
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 82965504 bytes. Error code 12 (Cannot allocate memory)"
+        );
+        let cuda = "Torch(\"CUDA out of memory. Tried to allocate 2.00 GiB\")".to_string();
+        assert_eq!(super::out_of_memory_message(&cuda).unwrap(), "CUDA out of memory. Tried to allocate 2.00 GiB");
+        assert_eq!(super::out_of_memory_message(&"index out of range".to_string()), None);
+        assert_eq!(super::out_of_memory_message(&7u32), None);
+    }
+}
 
 #[cfg(test)]
 pub(crate) mod testing {

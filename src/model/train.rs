@@ -22,7 +22,7 @@ use super::decoder::{CausalLm, Pass};
 use super::generate::prefill_mask;
 use super::lora::Route;
 use super::policy::Policy;
-use super::{Error, Result};
+use super::{Error, Result, guard};
 use crate::rng::combine;
 
 /// A prompt and a response whose tokens are scored.
@@ -66,7 +66,8 @@ impl Policy {
     /// Logprobs of every response token, in request order, without gradients.
     pub fn score(&mut self, requests: &[ScoreRequest], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
         let batching = MicroBatching::new(max_tokens, false);
-        tch::no_grad(|| self.run_micro_batches(requests, &batching, false, 0, &mut |_| Ok(None)))
+        let during = || format!("scoring {} sequences in micro-batches of {max_tokens} tokens", requests.len());
+        guard(during, || tch::no_grad(|| self.run_micro_batches(requests, &batching, false, 0, &mut |_| Ok(None))))
     }
 
     /// Computes `loss(micro_batch)` for each micro-batch and back-propagates it,
@@ -82,7 +83,8 @@ impl Policy {
         loss: &mut dyn FnMut(&MicroBatch) -> Result<Tensor>,
     ) -> Result<Vec<Vec<f32>>> {
         let mut wrapped = |mb: &MicroBatch| loss(mb).map(Some);
-        tch::with_grad(|| self.run_micro_batches(requests, batching, true, seed, &mut wrapped))
+        let during = || format!("training on {} sequences with {batching:?}", requests.len());
+        guard(during, || tch::with_grad(|| self.run_micro_batches(requests, batching, true, seed, &mut wrapped)))
     }
 
     fn run_micro_batches(

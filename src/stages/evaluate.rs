@@ -144,6 +144,11 @@ pub async fn run(
                     let mut responder = ModelResponder::new(&mut loaded, settings, max_prompt);
                     play::play(&games, &setup, &mut responder, &sandbox, progress)
                 })
+            })
+            .map_err(|e| {
+                let knob = "a smaller evaluation.tasks, a shard per worker (--worker), or shorter prompts \
+                            (rollout.max_prompt_tokens, evaluation.sampling.max_new_tokens)";
+                Error::from(e).out_of_memory_in(stage, None, knob)
             })?;
         model_seconds += model;
         sandbox_seconds += sandboxed;

@@ -79,11 +79,35 @@ pub enum Error {
 
     #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
     Conform { stage: StageId, table: Table, detail: String },
+
+    #[error("out of memory in {stage}{}: try {knob} ({detail})", policy.as_ref().map(|p| format!(", policy {p}")).unwrap_or_default())]
+    OutOfMemory { stage: StageId, policy: Option<String>, knob: String, detail: String },
 }
 
 impl From<update::Error> for Error {
     fn from(refusal: update::Error) -> Error {
         Error::Update(Box::new(refusal))
+    }
+}
+
+impl Error {
+    /// This error with a model that ran out of memory reported as the stage's, with the
+    /// config knob that helps.
+    pub(crate) fn out_of_memory_in(self, stage: StageId, policy: Option<&str>, knob: &str) -> Error {
+        let oom = match &self {
+            Error::Model(e) | Error::Play(crate::play::Error::Model(e)) => e,
+            Error::Policy(crate::policies::Error::Model(e)) => e,
+            _ => return self,
+        };
+        match oom {
+            crate::model::Error::OutOfMemory { during, detail } => Error::OutOfMemory {
+                stage,
+                policy: policy.map(str::to_owned),
+                knob: knob.to_string(),
+                detail: format!("while {during}: {detail}"),
+            },
+            _ => self,
+        }
     }
 }
 
@@ -223,4 +247,25 @@ fn scored_sql(config: &RunConfig, iteration: u32) -> String {
     let key = config.algorithm.name.grouping().key_sql();
     let reward = crate::algo::mixed_reward_sql(config.algorithm.alpha);
     format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_out_of_memory_is_reported_with_the_stage_the_policy_and_the_knob() {
+        let oom = || crate::model::Error::OutOfMemory { during: "training on 8 sequences".into(), detail: "no".into() };
+        let stage = StageId::at(Stage::Update, 3);
+        let message = Error::from(crate::play::Error::Model(oom()))
+            .out_of_memory_in(stage, Some("shared"), "a smaller update.micro_batch_tokens")
+            .to_string();
+        assert_eq!(
+            message,
+            "out of memory in update of iteration 3, policy shared: try a smaller update.micro_batch_tokens \
+             (while training on 8 sequences: no)"
+        );
+        let other = Error::NoConfig { url: "x".into() }.out_of_memory_in(stage, None, "k");
+        assert!(matches!(other, Error::NoConfig { .. }), "other errors pass through");
+    }
 }

@@ -68,6 +68,10 @@ impl RolloutConfig {
     }
 }
 
+/// What helps a rollout that runs out of memory.
+const MEMORY_KNOB: &str = "fewer prompts at once (rollout.tasks_per_iteration × rollout.k, or a shard per \
+     worker with --worker) or shorter ones (rollout.max_prompt_tokens, rollout.sampling.max_new_tokens)";
+
 /// Plays iteration `iteration`'s batch (or one shard of it) and commits its `turns`.
 pub async fn run(
     store: &RunStore,
@@ -92,7 +96,8 @@ pub async fn run(
             let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
             play::play(&games, &setup, &mut responder, &sandbox, progress)
         })
-    })?;
+    })
+    .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
     let rows = turn_rows(config, &batch, &played.candidates, &loaded);
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],

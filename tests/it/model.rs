@@ -673,3 +673,29 @@ fn export_for_transformers() {
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
     std::fs::write(out.join("expected.jsonl"), text).unwrap();
 }
+
+#[test]
+fn running_out_of_memory_is_an_error_naming_what_ran_out_not_a_panic() {
+    use std::os::unix::process::CommandExt;
+    // 32 sequences of 28k tokens, scored in one micro-batch: many GiB, in a 2 GiB address space.
+    let input = tempfile::NamedTempFile::new().unwrap();
+    let ids: Vec<i64> = (0..28_000).map(|i| 3 + i % 500).collect();
+    let line = serde_json::json!({"prompt_ids": &ids[..20_000], "response_ids": &ids[20_000..]}).to_string();
+    std::fs::write(input.path(), format!("{line}\n").repeat(32)).unwrap();
+    let mut command = crate::support::petting();
+    let fixture = fixture("qwen3");
+    command.args(["model", "score", fixture.to_str().unwrap(), "--input", input.path().to_str().unwrap()]);
+    command.args(["--max-tokens", "100000000"]);
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 2 << 30, rlim_max: 2 << 30 };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        });
+    }
+    let (ok, _, stderr) = crate::support::output_of(command.output().unwrap());
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("out of memory while scoring 32 sequences"), "{stderr}");
+    assert!(stderr.contains("DefaultCPUAllocator: can't allocate memory"), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("frame #") && !stderr.contains("unwrap"), "{stderr}");
+}

@@ -74,9 +74,13 @@ pub async fn initialise(
                     let examples = warm_start::examples(&policy, config, name, &demos)?;
                     let started = Instant::now();
                     let label = format!("warm start {name}");
-                    rows.extend(phase(progress, &label, u64::from(warm.steps), "steps", || {
-                        warm_start::train(&mut policy, name, &examples, config, progress)
-                    })?);
+                    let knob = config.update.memory_knob();
+                    rows.extend(
+                        phase(progress, &label, u64::from(warm.steps), "steps", || {
+                            warm_start::train(&mut policy, name, &examples, config, progress)
+                        })
+                        .map_err(|e| e.out_of_memory_in(stage, Some(name), &knob))?,
+                    );
                     model_seconds += started.elapsed().as_secs_f64();
                 }
                 let loaded =

@@ -100,6 +100,14 @@ impl UpdateConfig {
         check(self.max_logprob_drift > 0.0, "update.max_logprob_drift", "must be positive")
     }
 
+    /// What helps a training step that runs out of memory.
+    pub(super) fn memory_knob(&self) -> String {
+        format!(
+            "a smaller update.micro_batch_tokens (now {}) or update.gradient_checkpointing: true",
+            self.micro_batch_tokens
+        )
+    }
+
     /// How `policy` trains: micro-batches of `micro_batch_tokens`, checkpointed as
     /// configured or as the model needs.
     pub(super) fn micro_batching(&self, policy: &Policy) -> MicroBatching {
@@ -272,7 +280,8 @@ pub async fn run(
         let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
         let (trained, optimizer) = phase(progress, &label, steps, "steps", || {
             train_ppo(&mut loaded.policy, adapter.as_deref(), &set, &settings, optimizer, progress)
-        })?;
+        })
+        .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &config.update.memory_knob()))?;
         rows.extend(trained);
         model_seconds += started.elapsed().as_secs_f64();
         saved.push(policies::save(&mut writer, &loaded, iteration + 1, optimizer.as_ref()).await?);
