@@ -1,5 +1,6 @@
 use anyhow::Context;
 use petting::pipeline::{INITIAL_UPDATE, run_stage};
+use petting::policies::Resident;
 use petting::stages::{self, prepare_data};
 use petting::store::{RunStore, StageId};
 
@@ -28,8 +29,8 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
             );
             prepared.marker
         }
-        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress).await?,
-        per_iteration => run_stage(&store, &config, at(per_iteration.stage())?, progress).await?,
+        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress, &Resident::default()).await?,
+        per_iteration => run_stage(&store, &config, at(per_iteration.stage())?, progress, &Resident::default()).await?,
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",

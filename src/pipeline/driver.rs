@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{self, ForkConfig, RunConfig};
 use crate::inspect::summary;
+use crate::policies::Resident;
 use crate::progress::Progress;
 use crate::stages::{self, replay, update};
 use crate::store::layout::RUN_CONFIG;
@@ -145,6 +146,7 @@ pub async fn run(
         events(Event::Resuming { committed: total - pending.len(), total });
     }
     let started = Instant::now();
+    let resident = Resident::default();
     for &id in pending {
         if options.until.as_deref() == Some(&stop_name(id)) {
             events(Event::StoppedBefore(id));
@@ -155,7 +157,7 @@ pub async fn run(
             && store.marker(&part).await?.is_none()
         {
             let stage_started = Instant::now();
-            let marker = super::run_stage(store, config, part, progress)
+            let marker = super::run_stage(store, config, part, progress, &resident)
                 .await
                 .map_err(|source| Error::StageFailed { stage: part, source: Box::new(source) })?;
             events(Event::Committed {

@@ -31,12 +31,11 @@ impl<'a> ModelResponder<'a> {
 
 impl Responder for ModelResponder<'_> {
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::model::Error> {
-        let policy = self
+        let (policy, adapter) = self
             .policies
-            .get_mut(name)
+            .model(name)
             .ok_or_else(|| crate::model::Error::Request { reason: format!("policy {name:?} is not loaded") })?;
-        let adapter = policy.adapter().map(str::to_owned);
-        let policy = &mut policy.policy;
+        let adapter = adapter.map(str::to_owned);
         let rendered: Vec<(String, Vec<i64>)> =
             prompts.iter().map(|p| policy.agent_prompt(&p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
         let mut replies = Vec::with_capacity(prompts.len());

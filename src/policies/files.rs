@@ -65,6 +65,25 @@ pub(crate) async fn materialise(store: &RunStore, files: &[FileEntry], dir: &str
     Ok(cached)
 }
 
+/// A local copy of one committed file, checked against its marker entry: in place for a
+/// local run, else in the cache under its sha256.
+pub(super) async fn materialise_file(store: &RunStore, entry: &FileEntry) -> Result<PathBuf, Error> {
+    let (dir, name) = entry.path.rsplit_once('/').unwrap_or(("", &entry.path));
+    if let Some(local) = local_dir(store, dir).map(|d| d.join(name))
+        && local.exists()
+    {
+        check_local(store, &local, entry)?;
+        return Ok(local);
+    }
+    let cached = cache_root().join("files").join(&entry.sha256);
+    if check_local(store, &cached, entry).is_err() {
+        std::fs::create_dir_all(cache_root().join("files"))
+            .map_err(|source| Error::Cache { path: cache_root(), source })?;
+        write_atomic(&cached, &store.read_file(entry).await?)?;
+    }
+    Ok(cached)
+}
+
 /// Where checkpoints of non-local runs are materialised: `$XDG_CACHE_HOME/petting`, else
 /// the system temp dir. Read here rather than passed down because it only decides where
 /// verified copies live, never what a stage computes.

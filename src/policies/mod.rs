@@ -6,11 +6,12 @@
 //!          │                files: [{dir/model.safetensors, bytes, sha256}, …]
 //!          ▼
 //!  latest(store, name) ──► PolicyRef of the highest committed version
-//!  load(store, config, name, v) = fetch + open
+//!  load_all(store, config, v) = fetch + LoadedPolicies::add, for every policy
 //!     1. find the marker that committed (name, v); list the files under its dir
 //!     2. local run: hash the files in place; other stores: copy them into the cache
 //!        <cache>/checkpoints/<sha256 of the file list>/ (kept while the hashes match)
-//!     3. Policy::load (full) or base + load_adapter (LoRA), on the policy's device
+//!     3. Policy::load (full) or base + load_adapter (LoRA), on the policy's device; LoRA
+//!        policies on one base share one model (loaded.rs)
 //!  save(writer, loaded, v, optimizer) ──► Policy::save / save_adapter into a scratch
 //!     folder, with the optimiser state (optimizer.safetensors) the next update continues,
 //!     every file through StageWriter::write_file under layout::checkpoint_dir
@@ -22,6 +23,7 @@
 //! The adapter is attached to the loaded policy under the policy's own name.
 
 mod files;
+mod loaded;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +40,9 @@ use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, Stored
 use crate::validate::{Invalid, check};
 
 pub(crate) use files::materialise;
+use files::materialise_file;
 use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
+pub use loaded::{LoadedPolicies, Member, Resident, load, load_all};
 
 /// One entry of `policies:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,29 +138,6 @@ pub enum Error {
     StaleVersion { policy: String, wanted: u32, latest: Option<u32> },
 }
 
-/// The loaded policies of a run, by name.
-pub type LoadedPolicies = BTreeMap<String, LoadedPolicy>;
-
-/// A policy version loaded from the store.
-#[derive(Debug)]
-pub struct LoadedPolicy {
-    pub name: String,
-    pub version: u32,
-    /// sha256 of the weights file (the adapter's, for LoRA), as the marker records it.
-    pub weights_sha256: String,
-    pub policy: Policy,
-    /// For a LoRA policy: the committed base the adapter sits on.
-    pub base: Option<BaseRef>,
-}
-
-impl LoadedPolicy {
-    /// The adapter to sample, score and train with: the policy's name for LoRA
-    /// policies, `None` (the base weights) otherwise.
-    pub fn adapter(&self) -> Option<&str> {
-        self.base.as_ref().map(|_| self.name.as_str())
-    }
-}
-
 /// A committed full model that LoRA adapters of a policy are applied to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseRef {
@@ -165,18 +146,14 @@ pub struct BaseRef {
     pub weights_sha256: String,
 }
 
-/// Version `version` of every policy of the run.
-pub async fn load_all(store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
-    let mut loaded = BTreeMap::new();
-    for name in config.policies.keys() {
-        loaded.insert(name.clone(), load(store, config, name, version).await?);
-    }
-    Ok(loaded)
-}
-
 /// Version `iteration` of every policy, refusing when it is not the latest: what
 /// iteration k's rollout samples with.
-pub async fn load_current(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<LoadedPolicies, Error> {
+pub async fn load_current(
+    store: &RunStore,
+    config: &RunConfig,
+    iteration: u32,
+    resident: &Resident,
+) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
     for name in config.policies.keys() {
         let latest = latest_in(&markers, name).map(|r| r.version);
@@ -184,15 +161,7 @@ pub async fn load_current(store: &RunStore, config: &RunConfig, iteration: u32) 
             return Err(Error::StaleVersion { policy: name.clone(), wanted: iteration, latest });
         }
     }
-    load_all(store, config, iteration).await
-}
-
-/// What each loaded policy is, for a marker's `policies_used`.
-pub fn refs(loaded: &LoadedPolicies) -> Vec<PolicyRef> {
-    loaded
-        .values()
-        .map(|l| PolicyRef { policy: l.name.clone(), version: l.version, weights_sha256: l.weights_sha256.clone() })
-        .collect()
+    resident.take(store, config, iteration).await
 }
 
 /// The latest committed version of `name` (its PolicyRef from the newest marker that
@@ -237,13 +206,6 @@ pub fn find<'m>(
     }
 }
 
-/// Loads version `version` of policy `name`, verifying every file's size and sha256
-/// against its marker; errors name the file.
-pub async fn load(store: &RunStore, config: &RunConfig, name: &str, version: u32) -> Result<LoadedPolicy, Error> {
-    let markers = store.markers().await?;
-    open(config, fetch(store, &markers, name, version).await?)
-}
-
 /// A checkpoint whose files are verified and on local disk, not yet loaded.
 #[derive(Debug, Clone)]
 pub struct Fetched {
@@ -256,8 +218,8 @@ pub struct Fetched {
     pub base: Option<(BaseRef, PathBuf)>,
 }
 
-/// The verifying half of [`load`]: finds the checkpoint (and, for an adapter, its base)
-/// and makes its checked files local. A stage that must refuse before writing anything
+/// Finds a checkpoint (and, for an adapter, its base) and makes its files local, each
+/// checked against its marker's size and sha256; errors name the file. A stage that must refuse before writing anything
 /// fetches every checkpoint it needs first and opens them one at a time.
 pub async fn fetch(store: &RunStore, markers: &[StoredMarker], name: &str, version: u32) -> Result<Fetched, Error> {
     let (marker, checkpoint) = find(markers, name, version)?;
@@ -279,36 +241,21 @@ pub async fn fetch(store: &RunStore, markers: &[StoredMarker], name: &str, versi
     Ok(Fetched { name: name.to_string(), version, weights_sha256: checkpoint.weights_sha256.clone(), dir, base })
 }
 
-/// The optimiser state saved with a fetched checkpoint, if it has one (v0 has none: its
-/// first update starts the optimisation).
-pub fn optimizer_state(fetched: &Fetched) -> Result<Option<AdamWState>, Error> {
-    let path = fetched.dir.join(OPTIMIZER_FILE);
-    Ok(if path.exists() { Some(AdamWState::load(&path)?) } else { None })
-}
-
-/// The loading half of [`load`]: the model on the device and dtype of its policy config,
-/// with a LoRA adapter attached under the policy's name.
-pub fn open(config: &RunConfig, fetched: Fetched) -> Result<LoadedPolicy, Error> {
-    let policy_config = config.policies.get(&fetched.name).ok_or_else(|| Error::UnknownPolicy {
-        policy: fetched.name.clone(),
-        known: config.policies.keys().cloned().collect(),
-    })?;
-    let options = policy_config.load_options();
-    let (policy, base) = match fetched.base {
-        None => (Policy::load(&fetched.dir, &options)?, None),
-        Some((base, base_dir)) => {
-            let mut policy = Policy::load(&base_dir, &options)?;
-            policy.load_adapter(&fetched.name, &fetched.dir)?;
-            (policy, Some(base))
-        }
-    };
-    Ok(LoadedPolicy {
-        name: fetched.name,
-        version: fetched.version,
-        weights_sha256: fetched.weights_sha256,
-        policy,
-        base,
-    })
+/// A local copy of the optimiser state committed with version `version` of `name`,
+/// checked against its marker, if it has one (v0 has none: its first update starts the
+/// optimisation). Read it with `AdamWState::load`.
+pub async fn optimizer_file(
+    store: &RunStore,
+    markers: &[StoredMarker],
+    name: &str,
+    version: u32,
+) -> Result<Option<PathBuf>, Error> {
+    let (marker, checkpoint) = find(markers, name, version)?;
+    let path = format!("{}/{OPTIMIZER_FILE}", checkpoint.dir);
+    match marker.marker.files.iter().find(|f| f.path == path) {
+        Some(entry) => Ok(Some(materialise_file(store, entry).await?)),
+        None => Ok(None),
+    }
 }
 
 /// meta.json must describe the checkpoint its marker says the folder holds.
@@ -356,24 +303,41 @@ fn find_base<'m>(
     Ok((marker, BaseRef { dir, weights_sha256: sha256.to_string() }))
 }
 
-/// Writes `loaded.policy` as version `version` of `loaded.name` (parent `version - 1`,
-/// none for v0) into the attempt, under `layout::checkpoint_dir`, and returns the entry
-/// for `CommitInfo::checkpoints`. A LoRA policy writes its adapter only; its base must be
-/// committed already (see [`save_base`]).
+/// Writes policy `name` of `loaded` as its version `version`: see [`save_policy`].
 pub async fn save(
     writer: &mut StageWriter<'_>,
-    loaded: &LoadedPolicy,
+    loaded: &mut LoadedPolicies,
+    name: &str,
     version: u32,
     optimizer: Option<&AdamWState>,
 ) -> Result<CheckpointRef, Error> {
-    let dir = store::layout::checkpoint_dir(&loaded.name, version, writer.attempt());
-    let parent = version.checked_sub(1).map(|p| format!("{}/v{p:06}", loaded.name));
-    let save_as = SaveAs { policy: &loaded.name, version, parent: parent.as_deref() };
-    let scratch = Scratch::new(&loaded.name)?;
-    let meta = match &loaded.base {
-        None => loaded.policy.save(&scratch.0, &save_as)?,
+    let base = loaded.base(name).cloned();
+    let (policy, _) =
+        loaded.model(name).ok_or_else(|| Error::UnknownPolicy { policy: name.into(), known: Vec::new() })?;
+    save_policy(writer, name, policy, base.as_ref(), version, optimizer).await
+}
+
+/// Writes `policy` as version `version` of `name` (parent `version - 1`, none for v0)
+/// into the attempt, under `layout::checkpoint_dir`, with the optimiser state the next
+/// update continues, and returns the entry for `CommitInfo::checkpoints`. A LoRA policy
+/// (one with a `base`) writes its adapter only; the base must be committed already (see
+/// [`save_base`]).
+pub async fn save_policy(
+    writer: &mut StageWriter<'_>,
+    name: &str,
+    policy: &Policy,
+    base: Option<&BaseRef>,
+    version: u32,
+    optimizer: Option<&AdamWState>,
+) -> Result<CheckpointRef, Error> {
+    let dir = store::layout::checkpoint_dir(name, version, writer.attempt());
+    let parent = version.checked_sub(1).map(|p| format!("{name}/v{p:06}"));
+    let save_as = SaveAs { policy: name, version, parent: parent.as_deref() };
+    let scratch = Scratch::new(name)?;
+    let meta = match base {
+        None => policy.save(&scratch.0, &save_as)?,
         Some(base) => {
-            let mut meta = loaded.policy.save_adapter(&loaded.name, &scratch.0, Some(&base.dir), &save_as)?;
+            let mut meta = policy.save_adapter(name, &scratch.0, Some(&base.dir), &save_as)?;
             meta.base_weights_sha256 = Some(base.weights_sha256.clone());
             write_meta(&scratch.0, &meta)?;
             meta
@@ -384,7 +348,7 @@ pub async fn save(
     }
     upload_dir(writer, &scratch.0, &dir).await?;
     Ok(CheckpointRef {
-        policy: loaded.name.clone(),
+        policy: name.to_string(),
         version,
         parent_version: version.checked_sub(1),
         dir,

@@ -24,7 +24,7 @@ use crate::config::RunConfig;
 use crate::model::{GenerationSettings, SamplingConfig};
 use crate::play::responder::ModelResponder;
 use crate::play::{self, Branching, Played, Setup};
-use crate::policies::{self, LoadedPolicies};
+use crate::policies::{LoadedPolicies, Resident};
 use crate::progress::{Progress, phase};
 use crate::rng::Key;
 use crate::sandbox::{Sandbox, SandboxConfig};
@@ -118,6 +118,7 @@ pub async fn run(
     iteration: u32,
     shard: Option<Shard>,
     progress: &dyn Progress,
+    resident: &Resident,
 ) -> Result<CommitMarker, Error> {
     let stage = StageId { shard, ..StageId::at(Stage::Evaluate, iteration) };
     super::refuse_if_committed(store, stage).await?;
@@ -127,7 +128,7 @@ pub async fn run(
     let test: Vec<_> =
         test.into_iter().enumerate().filter(|(i, _)| shard.is_none_or(|s| s.holds(*i))).map(|(_, t)| t).collect();
     let games = play::games(&config.env, &test)?;
-    let mut loaded = policies::load_all(store, config, iteration).await?;
+    let mut loaded = resident.take(store, config, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
@@ -169,12 +170,14 @@ pub async fn run(
     }
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
-        policies_used: policies::refs(&loaded),
+        policies_used: loaded.refs(),
         model_seconds,
         sandbox_seconds,
         ..super::run_info(config)
     };
-    super::commit_rows(writer, &rows, info).await
+    let marker = super::commit_rows(writer, &rows, info).await?;
+    resident.give_back(loaded);
+    Ok(marker)
 }
 
 fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Setup {
@@ -208,7 +211,7 @@ fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> S
 /// `role=policy@vN` pairs in role order, e.g. `planner=shared@v3,tool=shared@v3`.
 fn describe(policies: &HashMap<Role, String>, loaded: &LoadedPolicies) -> String {
     let mut pairs: Vec<String> =
-        policies.iter().map(|(role, p)| format!("{role}={p}@v{}", loaded.get(p).map_or(0, |l| l.version))).collect();
+        policies.iter().map(|(role, p)| format!("{role}={p}@v{}", loaded.member(p).map_or(0, |m| m.version))).collect();
     pairs.sort();
     pairs.join(",")
 }

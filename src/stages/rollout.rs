@@ -12,7 +12,7 @@ use crate::config::RunConfig;
 use crate::model::{GenerationSettings, SamplingConfig};
 use crate::play::responder::ModelResponder;
 use crate::play::{self, Branching, Candidate, RolloutMode, Selection, Setup};
-use crate::policies::{self, LoadedPolicies};
+use crate::policies::{self, LoadedPolicies, Resident};
 use crate::progress::{Progress, phase};
 use crate::rng::Key;
 use crate::sandbox::{Sandbox, SandboxConfig};
@@ -79,13 +79,14 @@ pub async fn run(
     iteration: u32,
     shard: Option<Shard>,
     progress: &dyn Progress,
+    resident: &Resident,
 ) -> Result<CommitMarker, Error> {
     let stage = StageId { shard, ..StageId::at(Stage::Rollout, iteration) };
     super::refuse_if_committed(store, stage).await?;
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch = tasks::batch(&train, config, iteration, shard);
-    let mut loaded = policies::load_current(store, config, iteration).await?;
+    let mut loaded = policies::load_current(store, config, iteration, resident).await?;
     let setup = setup(config, iteration);
     let games = play::games(&config.env, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
@@ -101,12 +102,14 @@ pub async fn run(
     let rows = turn_rows(config, &batch, &played.candidates, &loaded);
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
-        policies_used: policies::refs(&loaded),
+        policies_used: loaded.refs(),
         model_seconds: played.model_seconds,
         sandbox_seconds: played.sandbox_seconds,
         ..super::run_info(config)
     };
-    super::commit_by_agent(writer, rows, info).await
+    let marker = super::commit_by_agent(writer, rows, info).await?;
+    resident.give_back(loaded);
+    Ok(marker)
 }
 
 fn setup(config: &RunConfig, iteration: u32) -> Setup {
@@ -136,7 +139,7 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], candidates: &[Candidate], lo
                 turn: c.turn,
                 agent: c.agent.to_string(),
                 policy: c.policy.clone(),
-                policy_version: loaded[&c.policy].version,
+                policy_version: loaded.member(&c.policy).map_or(0, |m| m.version),
                 branch: c.branch,
                 node_id: c.node_id,
                 parent_id: c.parent_id,

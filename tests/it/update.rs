@@ -3,7 +3,6 @@
 //! group and advantage stages, then update; plus every refusal of the strict
 //! on-policy check and the warm start.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,11 +10,11 @@ use petting::config::{self, RunConfig};
 use petting::model::{
     AdamWState, ChatMessage, LoadOptions, OPTIMIZER_FILE, Policy, SaveAs, ScoreRequest, TemplateOptions,
 };
-use petting::policies::{self, LoadedPolicy};
+use petting::policies::{self, LoadedPolicies, Resident};
 use petting::progress::Quiet;
 use petting::schema::Table;
 use petting::stages::{self, advantage, group, update};
-use petting::store::{CommitInfo, CommitMarker, Partition, PolicyRef, RunStore, Split, Stage, StageId};
+use petting::store::{CommitInfo, CommitMarker, Partition, RunStore, Split, Stage, StageId};
 use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
 use petting::workflows::Role;
 use tch::Kind;
@@ -104,7 +103,7 @@ const K: usize = 4;
 
 /// Turns rows of `iteration` for every (task, agent, branch), each response scored by
 /// the committed checkpoint of its policy, so they are what that checkpoint sampled.
-fn turn_rows(loaded: &mut BTreeMap<String, LoadedPolicy>, config: &RunConfig, iteration: u32) -> Vec<TurnRow> {
+fn turn_rows(loaded: &mut LoadedPolicies, config: &RunConfig, iteration: u32) -> Vec<TurnRow> {
     let mut mix = Mix::new(u64::from(iteration) + 5);
     let mut rows = Vec::new();
     for task in 0..TASKS {
@@ -118,17 +117,18 @@ fn turn_rows(loaded: &mut BTreeMap<String, LoadedPolicy>, config: &RunConfig, it
             }
         }
     }
-    for (name, l) in loaded.iter_mut() {
+    for name in config.policies.keys() {
+        let (policy, adapter) = loaded.model(name).unwrap();
         let mine: Vec<usize> = (0..rows.len()).filter(|&i| &rows[i].policy == name).collect();
         let requests: Vec<ScoreRequest> = mine
             .iter()
             .map(|&i| ScoreRequest {
                 prompt_ids: rows[i].prompt_tokens.iter().map(|&t| i64::from(t)).collect(),
                 response_ids: rows[i].response_tokens.iter().map(|&t| i64::from(t)).collect(),
-                adapter: l.adapter().map(str::to_owned),
+                adapter: adapter.map(str::to_owned),
             })
             .collect();
-        let scored = l.policy.score(&requests, 4096).unwrap();
+        let scored = policy.score(&requests, 4096).unwrap();
         for (i, logprobs) in mine.into_iter().zip(scored) {
             rows[i].response_logprobs = logprobs;
         }
@@ -185,15 +185,14 @@ fn turn(
 /// Commits a rollout of `iteration` sampled (scored) by the latest checkpoints, then
 /// runs the real group and advantage stages.
 async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
-    let mut loaded = BTreeMap::new();
-    let mut used = Vec::new();
+    // The policies advance together: one latest version for all.
+    let version = policies::latest(&run.store, "plan_p").await.unwrap().unwrap().version;
+    let mut loaded = policies::load_all(&run.store, &run.config, version).await.unwrap();
     for name in run.config.policies.keys() {
         let latest = policies::latest(&run.store, name).await.unwrap().unwrap();
-        let l = policies::load(&run.store, &run.config, name, latest.version).await.unwrap();
-        assert_eq!(l.weights_sha256, latest.weights_sha256);
-        used.push(PolicyRef { policy: name.clone(), version: l.version, weights_sha256: l.weights_sha256.clone() });
-        loaded.insert(name.clone(), l);
+        assert_eq!(loaded.member(name).unwrap().weights_sha256, latest.weights_sha256);
     }
+    let mut used = loaded.refs();
     let mut rows = turn_rows(&mut loaded, &run.config, iteration);
     match tamper {
         Tamper::WeightsHash => used.iter_mut().find(|u| u.policy == "tool_p").unwrap().weights_sha256 = "0".repeat(64),
@@ -281,7 +280,7 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
     let twin_dir = tempfile::tempdir().unwrap();
     copy_dir(&run.path, twin_dir.path());
 
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
     let used: Vec<(String, u32)> = marker.policies_used.iter().map(|p| (p.policy.clone(), p.version)).collect();
     assert_eq!(used, vec![("plan_p".into(), 0), ("tool_p".into(), 0)]);
     let new: Vec<(String, u32, Option<u32>)> =
@@ -315,17 +314,17 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
         for policy in ["plan_p", "tool_p"] {
             let latest = policies::latest(&run.store, policy).await.unwrap().unwrap();
             assert_eq!(latest.version, 1);
-            let loaded = policies::load(&run.store, &run.config, policy, 1).await.unwrap();
-            assert_eq!(loaded.weights_sha256, latest.weights_sha256);
-            assert_eq!(loaded.adapter().is_some(), policy == "plan_p");
+            let mut loaded = policies::load(&run.store, &run.config, policy, 1).await.unwrap();
+            assert_eq!(loaded.member(policy).unwrap().weights_sha256, latest.weights_sha256);
+            assert_eq!(loaded.model(policy).unwrap().1.is_some(), policy == "plan_p");
         }
     });
-    let again = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let again = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     assert!(again.to_string().contains("already committed"), "{again}");
 
     // Bit-identical rerun on CPU.
     let twin = RunStore::open(twin_dir.path().to_str().unwrap()).unwrap();
-    let twin_marker = block_on(update::run(&twin, &run.config, 0, &Quiet)).unwrap();
+    let twin_marker = block_on(update::run(&twin, &run.config, 0, &Quiet, &Resident::default())).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().map(|c| c.weights_sha256.clone()).collect::<Vec<_>>();
     assert_eq!(sha(&twin_marker), sha(&marker));
 }
@@ -345,7 +344,7 @@ fn the_optimiser_continues_from_the_version_it_trains() {
     let mut steps = [0u64; 2];
     for k in 0..2 {
         block_on(rollout(&run, k, Tamper::None));
-        let marker = block_on(update::run(&run.store, &run.config, k, &Quiet)).unwrap();
+        let marker = block_on(update::run(&run.store, &run.config, k, &Quiet, &Resident::default())).unwrap();
         let rows = update_rows(&run, &marker);
         for (i, policy) in ["plan_p", "tool_p"].into_iter().enumerate() {
             let mine: Vec<&UpdateRow> = rows.iter().filter(|r| r.policy == policy).collect();
@@ -389,7 +388,7 @@ fn bf16_weights_learn_at_a_realistic_learning_rate_and_bf16_lora_trains_on_cpu()
     );
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
     let rows = update_rows(&run, &marker);
     // A 1e-6 step is below bf16's resolution: stepping the bf16 weights themselves (tch's
     // AdamW) moved nothing. The float32 masters move by about lr per step.
@@ -438,13 +437,15 @@ fn a_sharded_base_trains_a_lora_adapter() {
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
     let mut direct = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
     let mut loaded = block_on(policies::load(&run.store, &run.config, "plan_p", 0)).unwrap();
-    let on = ScoreRequest { adapter: loaded.adapter().map(str::to_owned), ..request.clone() };
-    assert_eq!(loaded.policy.score(&[on], 64).unwrap(), direct.score(&[request], 64).unwrap());
+    let (policy, adapter) = loaded.model("plan_p").unwrap();
+    let on = ScoreRequest { adapter: adapter.map(str::to_owned), ..request.clone() };
+    assert_eq!(policy.score(&[on], 64).unwrap(), direct.score(&[request], 64).unwrap());
     block_on(rollout(&run, 0, Tamper::None));
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().find(|c| c.policy == "plan_p").unwrap().weights_sha256.clone();
     assert_ne!(sha(&v0), sha(&marker), "the adapter trained");
-    assert!(block_on(policies::load(&run.store, &run.config, "plan_p", 1)).unwrap().adapter().is_some());
+    let mut v1 = block_on(policies::load(&run.store, &run.config, "plan_p", 1)).unwrap();
+    assert!(v1.model("plan_p").unwrap().1.is_some());
 }
 
 #[test]
@@ -452,7 +453,7 @@ fn update_refuses_a_rollout_sampled_with_other_weights() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::WeightsHash));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::WeightsMismatch { .. }), "{err}");
     let message = err.to_string();
     let latest = block_on(policies::latest(&run.store, "tool_p")).unwrap().unwrap();
@@ -479,7 +480,7 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
     bytes[last] ^= 0x01;
     std::fs::write(&file, bytes).unwrap();
 
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     let message = err.to_string();
     assert!(message.contains(&weights.path) && message.contains("corrupt"), "{message}");
     // Every checkpoint is verified before the first write: not even an orphan.
@@ -491,7 +492,7 @@ fn update_refuses_a_row_of_another_version() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowVersion));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
     assert!(err.to_string().contains(&rows[5].candidate_id), "{err}");
     assert_nothing_committed(&run, 0, None);
@@ -502,7 +503,7 @@ fn update_refuses_a_turns_part_of_another_iteration() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::ForeignPart));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::ForeignPart { iteration: 0, .. }), "{err}");
     assert!(err.to_string().contains("turns/iteration=1/"), "{err}");
     assert_nothing_committed(&run, 0, None);
@@ -513,7 +514,7 @@ fn update_refuses_logprobs_the_weights_do_not_give() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::Logprobs));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     match refusal(&err) {
         update::Error::Drift { policy, mean, max, .. } => {
             assert_eq!(policy, "tool_p");
@@ -523,6 +524,38 @@ fn update_refuses_logprobs_the_weights_do_not_give() {
     }
     // plan_p (trained first) may leave its new adapter behind as an orphan.
     assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+}
+
+#[test]
+fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
+    let run =
+        new_run_edited("", &[("optimizer: {lr: 0.001}}", "optimizer: {lr: 0.001}, lora: {rank: 4, alpha: 8.0}}")]);
+    let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    let bases: std::collections::BTreeSet<&str> =
+        v0.files.iter().filter(|f| f.path.contains("/base.")).map(|f| f.path.rsplit_once('/').unwrap().0).collect();
+    assert_eq!(bases.len(), 1, "one copy of the base: {bases:?}");
+    let loaded = block_on(policies::load_all(&run.store, &run.config, 0)).unwrap();
+    assert_eq!(loaded.model_count(), 1, "both adapters on one base model");
+    drop(loaded);
+
+    block_on(rollout(&run, 0, Tamper::None));
+    let resident = Resident::default();
+    let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &resident)).unwrap();
+    assert!(!v1.files.iter().any(|f| f.path.contains("/base.")), "v1 refers to v0's base");
+
+    // The trained versions stay in memory: the next stage takes them without reading
+    // their files, once their digests match the markers.
+    for f in v1.files.iter().filter(|f| f.path.starts_with("checkpoints/")) {
+        std::fs::remove_file(run.path.join(&f.path)).unwrap();
+    }
+    let mut kept = block_on(resident.take(&run.store, &run.config, 1)).unwrap();
+    assert_eq!(kept.refs().len(), 2);
+    let missing = block_on(Resident::default().take(&run.store, &run.config, 1)).unwrap_err();
+    assert!(missing.to_string().contains("adapter"), "{missing}");
+    // A member whose digest is not the committed one is not trusted: it loads from the store.
+    kept.advance("tool_p", 1, "0".repeat(64));
+    resident.give_back(kept);
+    assert!(block_on(resident.take(&run.store, &run.config, 1)).is_err());
 }
 
 #[test]
@@ -537,9 +570,10 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
     let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
     for name in ["tool_p", "plan_p"] {
         let mut loaded = block_on(policies::load(&store, &config, name, 0)).unwrap();
-        let on = ScoreRequest { adapter: loaded.adapter().map(str::to_owned), ..request.clone() };
+        let (policy, adapter) = loaded.model(name).unwrap();
+        let on = ScoreRequest { adapter: adapter.map(str::to_owned), ..request.clone() };
         // v0 of both is the fixture's function: the copied weights, or an adapter with B = 0.
-        assert_eq!(loaded.policy.score(&[on], 64).unwrap(), expected, "{name}");
+        assert_eq!(policy.score(&[on], 64).unwrap(), expected, "{name}");
     }
     let missing = block_on(policies::load(&store, &config, "tool_p", 3)).unwrap_err().to_string();
     assert!(missing.contains("latest committed: v0"), "{missing}");
@@ -558,12 +592,12 @@ fn update_refuses_without_v0_or_out_of_step() {
         group::run(&run.store, &run.config, 0).await.unwrap();
         advantage::run(&run.store, &run.config, 0).await.unwrap();
     });
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::NoCheckpoint { .. }), "{err}");
     // With v0 but asked for iteration 1: v1 is not the latest.
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 1, Tamper::None));
-    let err = block_on(update::run(&run.store, &run.config, 1, &Quiet)).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 1, &Quiet, &Resident::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::NotAligned { latest: 0, iteration: 1, .. }), "{err}");
 }
 
@@ -637,7 +671,7 @@ warm_start: {{demonstrations: 4, steps: 25, batch_size: 4, optimizer: {{lr: 0.01
 
     // Independently: the demonstrations' mean NLL under v0 vs the first step's (pre-update) loss.
     let mut loaded = block_on(policies::load(&store, &config, "shared", 0)).unwrap();
-    let nll = mean_nll(&mut loaded.policy, &demos);
+    let nll = mean_nll(loaded.model("shared").unwrap().0, &demos);
     assert!(rows[0].loss > 3.0, "a scratch model should start near ln(512): {}", rows[0].loss);
     assert!(nll < 0.5 * rows[0].loss, "SFT did not lower the loss: {} -> {nll}", rows[0].loss);
     assert!(rows[24].loss < rows[0].loss);

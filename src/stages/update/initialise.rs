@@ -9,15 +9,16 @@
 //!                     a policy with `lora` becomes the base of a new adapter)
 //! ```
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
-use crate::model::{ModelConfig, Policy};
-use crate::policies::{self, Fetched, LoadedPolicy, ModelInit, PolicyConfig};
+use crate::model::{AdamWState, ModelConfig, Policy};
+use crate::policies::{self, BaseRef, Fetched, LoadedPolicies, ModelInit, PolicyConfig};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, stream};
 use crate::schema::Table;
-use crate::store::{self, CommitInfo, CommitMarker, Partition, RunStore, Stage, StageId, StoredMarker};
+use crate::store::{self, CommitInfo, CommitMarker, Partition, RunStore, Stage, StageId, StageWriter, StoredMarker};
 use crate::tables::{self, DemonstrationRow};
 
 use super::{Error, warm_start};
@@ -42,23 +43,17 @@ pub async fn initialise(
     let mut saved = Vec::new();
     let mut rows = Vec::new();
     let mut model_seconds = 0.0;
+    let mut bases = Bases::default();
     for (name, policy_config) in &config.policies {
         let checkpoint = match (policy_config.init, &policy_config.lora) {
             (ModelInit::Pretrained, None) => {
                 policies::save_pretrained_copy(&mut writer, name, &policy_config.model).await?
             }
             (ModelInit::Pretrained, Some(lora)) => {
-                let base = policies::save_base(&mut writer, name, &policy_config.model).await?;
+                let base = bases.commit(&mut writer, name, &policy_config.model).await?;
                 let mut policy = Policy::load(&policy_config.model, &policy_config.load_options())?;
                 policy.add_adapter(name, lora, stream(&[config.seed, Key::LORA, name_key(name)]))?;
-                let loaded = LoadedPolicy {
-                    name: name.clone(),
-                    version: 0,
-                    weights_sha256: String::new(),
-                    policy,
-                    base: Some(base),
-                };
-                policies::save(&mut writer, &loaded, 0, None).await?
+                policies::save_policy(&mut writer, name, &policy, Some(&base), 0, None).await?
             }
             (ModelInit::Scratch, Some(_)) => {
                 unreachable!("config validation refuses init: scratch with lora outside a fork")
@@ -83,9 +78,7 @@ pub async fn initialise(
                     );
                     model_seconds += started.elapsed().as_secs_f64();
                 }
-                let loaded =
-                    LoadedPolicy { name: name.clone(), version: 0, weights_sha256: String::new(), policy, base: None };
-                policies::save(&mut writer, &loaded, 0, None).await?
+                policies::save_policy(&mut writer, name, &policy, None, 0, None).await?
             }
         };
         saved.push(checkpoint);
@@ -160,35 +153,61 @@ async fn initialise_from(
     for name in config.policies.keys() {
         let from = fork_source(&source_names, name);
         let one = policies::fetch(&source, &markers, &from, k).await.map_err(|e| fork_error(fork, e))?;
-        fetched.push(Fetched { name: name.clone(), ..one });
+        fetched.push((Fetched { name: name.clone(), ..one }, from));
     }
     let mut writer = store.begin(StageId::run_level(Stage::Update));
     let mut saved = Vec::new();
-    for fetched in fetched {
-        let policy_config = &config.policies[&fetched.name];
-        // The source's optimisation goes on, unless a full model becomes a new adapter's base.
-        let optimizer = match (&fetched.base, &policy_config.lora) {
-            (None, Some(_)) => None,
-            _ => policies::optimizer_state(&fetched)?,
-        };
-        let loaded = match (&fetched.base, &policy_config.lora) {
-            (Some((_, dir)), _) => {
-                let base = Some(policies::save_base(&mut writer, &fetched.name, dir).await?);
-                LoadedPolicy { base, ..policies::open(config, fetched)? }
-            }
+    let mut bases = Bases::default();
+    for (fetched, from) in fetched {
+        let name = fetched.name.clone();
+        let policy_config = &config.policies[&name];
+        let checkpoint = match (&fetched.base, &policy_config.lora) {
+            // A full model becomes the frozen base of a new adapter: a new optimisation.
             (None, Some(lora)) => {
-                let name = fetched.name.clone();
-                let base = policies::save_base(&mut writer, &name, &fetched.dir).await?;
+                let base = bases.commit(&mut writer, &name, &fetched.dir).await?;
                 let mut policy = Policy::load(&fetched.dir, &policy_config.load_options())?;
                 policy.add_adapter(&name, lora, stream(&[config.seed, Key::LORA, name_key(&name)]))?;
-                LoadedPolicy { name, version: k, weights_sha256: String::new(), policy, base: Some(base) }
+                policies::save_policy(&mut writer, &name, &policy, Some(&base), k, None).await?
             }
-            (None, None) => policies::open(config, fetched)?,
+            // The source's weights, and its optimisation goes on.
+            (source_base, _) => {
+                let base = match source_base {
+                    Some((_, dir)) => Some(bases.commit(&mut writer, &name, dir).await?),
+                    None => None,
+                };
+                let optimizer = policies::optimizer_file(&source, &markers, &from, k)
+                    .await
+                    .map_err(|e| fork_error(fork, e))?
+                    .map(|path| AdamWState::load(&path))
+                    .transpose()?;
+                let mut loaded = LoadedPolicies::default();
+                loaded.add(config, fetched)?;
+                let (policy, _) = loaded.model(&name).expect("just added");
+                policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref()).await?
+            }
         };
-        saved.push(policies::save(&mut writer, &loaded, k, optimizer.as_ref()).await?);
+        saved.push(checkpoint);
     }
     let info = CommitInfo { checkpoints: saved, ..stages::run_info(config) };
     Ok(writer.finish().commit(info).await?)
+}
+
+/// The base models an initialisation commits, one per source folder: LoRA policies on
+/// one base share one copy in the store.
+#[derive(Default)]
+struct Bases(Vec<(PathBuf, BaseRef)>);
+
+impl Bases {
+    /// The committed base of the model in `dir`, committing it under policy `name`'s
+    /// folder the first time.
+    async fn commit(&mut self, writer: &mut StageWriter<'_>, name: &str, dir: &Path) -> Result<BaseRef, stages::Error> {
+        if let Some((_, base)) = self.0.iter().find(|(d, _)| d == dir) {
+            return Ok(base.clone());
+        }
+        let base = policies::save_base(writer, name, dir).await?;
+        self.0.push((dir.to_path_buf(), base.clone()));
+        Ok(base)
+    }
 }
 
 /// A model from its config.json alone, with the tokenizer prepare-data committed.

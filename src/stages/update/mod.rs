@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use crate::algo::loss::ppo_clip_loss;
 use crate::config::RunConfig;
 use crate::model::{AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer};
-use crate::policies;
+use crate::policies::{self, Resident};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, permutation, stream};
 use crate::schema::Table;
@@ -242,6 +242,7 @@ pub async fn run(
     config: &RunConfig,
     iteration: u32,
     progress: &dyn Progress,
+    resident: &Resident,
 ) -> Result<CommitMarker, super::Error> {
     let stage = StageId::at(Stage::Update, iteration);
     let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
@@ -257,34 +258,37 @@ pub async fn run(
     let sets = checks::training_sets(config, &markers, &rollout, &turns, &samples, iteration)?;
     drop((turns, samples));
 
-    // Every checkpoint is verified before anything is written; the models are then
-    // loaded one at a time, so memory holds one policy.
+    // Every checkpoint is verified (or the resident one matches its marker) before
+    // anything is written.
     let mut read: Vec<InputRef> = rollout.iter().chain(&advantage).map(StoredMarker::input_ref).collect();
-    let mut fetched = Vec::with_capacity(sets.len());
+    let mut optimizers = Vec::with_capacity(sets.len());
     for set in &sets {
         let (source, _) = policies::find(&markers, &set.name, set.current.version)?;
         if !read.contains(&source.input_ref()) {
             read.push(source.input_ref());
         }
-        fetched.push(policies::fetch(store, &markers, &set.name, set.current.version).await?);
+        optimizers.push(policies::optimizer_file(store, &markers, &set.name, set.current.version).await?);
     }
+    let mut loaded = resident.take(store, config, iteration).await?;
     let mut writer = store.begin(stage);
     let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
     let mut model_seconds = 0.0;
-    for (set, fetched) in sets.into_iter().zip(fetched) {
-        let optimizer = policies::optimizer_state(&fetched)?;
-        let mut loaded = policies::open(config, fetched)?;
-        let settings = PpoSettings::new(config, &set.name, iteration, &loaded.policy);
-        let adapter = loaded.adapter().map(str::to_owned);
+    for (set, optimizer) in sets.into_iter().zip(optimizers) {
+        let optimizer = optimizer.map(|path| AdamWState::load(&path)).transpose()?;
+        let (policy, adapter) = loaded.model(&set.name).expect("every policy of the config is loaded");
+        let settings = PpoSettings::new(config, &set.name, iteration, policy);
+        let adapter = adapter.map(str::to_owned);
         let started = Instant::now();
         let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
         let (trained, optimizer) = phase(progress, &label, steps, "steps", || {
-            train_ppo(&mut loaded.policy, adapter.as_deref(), &set, &settings, optimizer, progress)
+            train_ppo(policy, adapter.as_deref(), &set, &settings, optimizer, progress)
         })
         .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &config.update.memory_knob()))?;
         rows.extend(trained);
         model_seconds += started.elapsed().as_secs_f64();
-        saved.push(policies::save(&mut writer, &loaded, iteration + 1, optimizer.as_ref()).await?);
+        let checkpoint = policies::save(&mut writer, &mut loaded, &set.name, iteration + 1, optimizer.as_ref()).await?;
+        loaded.advance(&set.name, iteration + 1, checkpoint.weights_sha256.clone());
+        saved.push(checkpoint);
         used.push(set.current);
     }
     if !rows.is_empty() {
@@ -293,7 +297,9 @@ pub async fn run(
     }
     let info =
         CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
-    Ok(writer.finish().commit(info).await?)
+    let marker = writer.finish().commit(info).await?;
+    resident.give_back(loaded);
+    Ok(marker)
 }
 
 /// What a PPO update of one policy runs with.

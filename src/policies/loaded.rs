@@ -1,0 +1,181 @@
+//! The policies of a run in memory: every full model once, and every LoRA policy an
+//! adapter on its base's one model (two roles' adapters on one base hold one base).
+//!
+//! ```text
+//!  models:  [ Qwen 0.5B base + adapters {tool, planner} ]   [ full model "critic" ]
+//!  members: tool → (model 0, adapter "tool", v3, digest)   planner → (model 0, …)   critic → (model 1, …)
+//! ```
+//!
+//! [`Resident`] keeps them between the stages of one process, so a version is loaded
+//! once: the update trains the versions the rollout sampled with and gives back the
+//! ones it committed, which the next evaluation and rollout take without reading the
+//! store, once each member's digest matches what the commit markers record.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::config::RunConfig;
+use crate::model::Policy;
+use crate::store::{PolicyRef, RunStore};
+
+use super::{BaseRef, Error, Fetched, fetch, find};
+
+/// One policy in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub version: u32,
+    /// The weights digest of that version, as its commit marker records it.
+    pub weights_sha256: String,
+    /// Index into the models.
+    model: usize,
+    /// A LoRA policy: its adapter, under the policy's name, on the model's base.
+    lora: bool,
+}
+
+/// A model in memory: a full policy's weights, or a base and the adapters on it.
+#[derive(Debug)]
+struct Model {
+    policy: Policy,
+    /// The committed base, for a model that carries adapters.
+    base: Option<BaseRef>,
+}
+
+/// The loaded policies of a run, by name.
+#[derive(Debug, Default)]
+pub struct LoadedPolicies {
+    models: Vec<Model>,
+    members: BTreeMap<String, Member>,
+}
+
+impl LoadedPolicies {
+    pub fn member(&self, name: &str) -> Option<&Member> {
+        self.members.get(name)
+    }
+
+    /// How many models are in memory (LoRA policies on one base share one).
+    pub fn model_count(&self) -> usize {
+        self.models.len()
+    }
+
+    /// The model `name` runs on, and the adapter to run it with (`None`: the model's own
+    /// weights).
+    pub fn model(&mut self, name: &str) -> Option<(&mut Policy, Option<&str>)> {
+        let (key, member) = self.members.get_key_value(name)?;
+        let adapter = member.lora.then_some(key.as_str());
+        Some((&mut self.models[member.model].policy, adapter))
+    }
+
+    /// The committed base of a LoRA policy.
+    pub fn base(&self, name: &str) -> Option<&BaseRef> {
+        self.members.get(name).filter(|m| m.lora).and_then(|m| self.models[m.model].base.as_ref())
+    }
+
+    /// What each loaded policy is, for a marker's `policies_used`.
+    pub fn refs(&self) -> Vec<PolicyRef> {
+        self.members
+            .iter()
+            .map(|(name, m)| PolicyRef {
+                policy: name.clone(),
+                version: m.version,
+                weights_sha256: m.weights_sha256.clone(),
+            })
+            .collect()
+    }
+
+    /// Records that `name` now holds `version` with weights `weights_sha256` (an update
+    /// trained it in place and committed it).
+    pub fn advance(&mut self, name: &str, version: u32, weights_sha256: String) {
+        if let Some(member) = self.members.get_mut(name) {
+            member.version = version;
+            member.weights_sha256 = weights_sha256;
+        }
+    }
+
+    /// Loads a fetched checkpoint: a full model as a model of its own, an adapter onto
+    /// the model already holding its base (same weights, device and dtype) or a new one.
+    pub fn add(&mut self, config: &RunConfig, fetched: Fetched) -> Result<(), Error> {
+        let policy_config = config.policies.get(&fetched.name).ok_or_else(|| Error::UnknownPolicy {
+            policy: fetched.name.clone(),
+            known: config.policies.keys().cloned().collect(),
+        })?;
+        let options = policy_config.load_options();
+        let (model, lora) = match fetched.base {
+            None => {
+                self.models.push(Model { policy: Policy::load(&fetched.dir, &options)?, base: None });
+                (self.models.len() - 1, false)
+            }
+            Some((base, base_dir)) => {
+                let shared = self.models.iter().position(|m| {
+                    m.base.as_ref().is_some_and(|b| b.weights_sha256 == base.weights_sha256)
+                        && *m.policy.options() == options
+                });
+                let model = match shared {
+                    Some(model) => model,
+                    None => {
+                        self.models.push(Model { policy: Policy::load(&base_dir, &options)?, base: Some(base) });
+                        self.models.len() - 1
+                    }
+                };
+                self.models[model].policy.load_adapter(&fetched.name, &fetched.dir)?;
+                (model, true)
+            }
+        };
+        let member = Member { version: fetched.version, weights_sha256: fetched.weights_sha256, model, lora };
+        self.members.insert(fetched.name, member);
+        Ok(())
+    }
+
+    /// Whether these are version `version` of every policy of `config` as committed.
+    fn are(&self, markers: &[crate::store::StoredMarker], config: &RunConfig, version: u32) -> bool {
+        self.members.len() == config.policies.len()
+            && config.policies.keys().all(|name| {
+                let committed = find(markers, name, version).ok().map(|(_, c)| &c.weights_sha256);
+                self.members.get(name).is_some_and(|m| m.version == version && Some(&m.weights_sha256) == committed)
+            })
+    }
+}
+
+/// Version `version` of every policy of the run, each file checked against its marker.
+pub async fn load_all(store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
+    let markers = store.markers().await?;
+    let mut loaded = LoadedPolicies::default();
+    for name in config.policies.keys() {
+        loaded.add(config, fetch(store, &markers, name, version).await?)?;
+    }
+    Ok(loaded)
+}
+
+/// Version `version` of one policy.
+pub async fn load(store: &RunStore, config: &RunConfig, name: &str, version: u32) -> Result<LoadedPolicies, Error> {
+    let markers = store.markers().await?;
+    let mut loaded = LoadedPolicies::default();
+    loaded.add(config, fetch(store, &markers, name, version).await?)?;
+    Ok(loaded)
+}
+
+/// Policies kept in memory between the stages of one process (`petting pipeline run`),
+/// so that each version is loaded once. A stage takes them and gives them back when done;
+/// a stage that fails gives nothing back, and the next one loads from the store.
+#[derive(Debug, Default)]
+pub struct Resident(Mutex<Option<LoadedPolicies>>);
+
+impl Resident {
+    /// Version `version` of every policy: the resident set when every member is that
+    /// version with the digest its commit marker records, else loaded from the store
+    /// (the resident set dropped first, so two sets are never in memory).
+    pub async fn take(&self, store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
+        let markers = store.markers().await?;
+        let resident = self.0.lock().expect("resident policies").take();
+        match resident {
+            Some(loaded) if loaded.are(&markers, config, version) => Ok(loaded),
+            stale => {
+                drop(stale);
+                load_all(store, config, version).await
+            }
+        }
+    }
+
+    pub fn give_back(&self, loaded: LoadedPolicies) {
+        *self.0.lock().expect("resident policies") = Some(loaded);
+    }
+}
