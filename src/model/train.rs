@@ -11,10 +11,24 @@
 //! hidden states that predict response tokens go through lm_head, which for long prompts
 //! saves most of the (N, V) logits.
 //!
+//! Requests with the same prompt and adapter (a GRPO group's K candidates) share one row
+//! when `share_prefix` is on: the prompt once, then every response, each at the
+//! positions it would have after the prompt alone, attending to the prompt and to itself
+//! only ("prefix grouper"). The loss and gradients are those of K separate rows, and the
+//! prompt, usually most of the tokens, is forwarded once instead of K times:
+//!
+//! ```text
+//!   row:       p0 p1 p2 | a0 a1 | b0 b1 b2
+//!   position:   0  1  2 |  3  4 |  3  4  5
+//!   b1 sees:   p0 p1 p2           b0 b1
+//! ```
+//!
 //! Gradient checkpointing keeps only each layer's input (B, L, E) from a no-grad forward,
 //! then walks the layers backwards, recomputing one layer at a time with gradients and
 //! back-propagating the incoming gradient through it: one extra forward, and activation
 //! memory of one layer instead of all.
+
+use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
@@ -35,19 +49,21 @@ pub struct ScoreRequest {
 }
 
 /// How [`Policy::backward`] splits its requests: micro-batches of at most `max_tokens`
-/// padded tokens, activations recomputed in the backward pass when `checkpointing`, and
-/// lm_head's logits projected at most `max_logits` (tokens × vocabulary) at a time.
+/// padded tokens, activations recomputed in the backward pass when `checkpointing`,
+/// lm_head's logits projected at most `max_logits` (tokens × vocabulary) at a time, and
+/// a prompt shared by several requests forwarded once when `share_prefix`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MicroBatching {
     pub max_tokens: usize,
     pub checkpointing: bool,
     pub max_logits: i64,
+    pub share_prefix: bool,
 }
 
 impl MicroBatching {
-    /// `max_tokens` per micro-batch, logits in chunks of 256 MiB.
+    /// `max_tokens` per micro-batch, logits in chunks of 256 MiB, shared prompts once.
     pub fn new(max_tokens: usize, checkpointing: bool) -> MicroBatching {
-        MicroBatching { max_tokens, checkpointing, max_logits: LOGIT_BUDGET }
+        MicroBatching { max_tokens, checkpointing, max_logits: LOGIT_BUDGET, share_prefix: true }
     }
 }
 
@@ -65,9 +81,13 @@ pub struct MicroBatch {
 impl Policy {
     /// Logprobs of every response token, in request order, without gradients.
     pub fn score(&mut self, requests: &[ScoreRequest], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
-        let batching = MicroBatching::new(max_tokens, false);
-        let during = || format!("scoring {} sequences in micro-batches of {max_tokens} tokens", requests.len());
-        guard(during, || tch::no_grad(|| self.run_micro_batches(requests, &batching, false, 0, &mut |_| Ok(None))))
+        self.score_batched(requests, &MicroBatching::new(max_tokens, false))
+    }
+
+    /// [`Policy::score`] split as `batching` says.
+    pub fn score_batched(&mut self, requests: &[ScoreRequest], batching: &MicroBatching) -> Result<Vec<Vec<f32>>> {
+        let during = || format!("scoring {} sequences with {batching:?}", requests.len());
+        guard(during, || tch::no_grad(|| self.run_micro_batches(requests, batching, false, 0, &mut |_| Ok(None))))
     }
 
     /// Computes `loss(micro_batch)` for each micro-batch and back-propagates it,
@@ -107,9 +127,11 @@ impl Policy {
             }
         }
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
-        for (n, indices) in pack(requests, batching.max_tokens).into_iter().enumerate() {
+        let rows = rows(requests, batching.max_tokens, batching.share_prefix);
+        for (n, batch) in micro_batches(&rows, batching.max_tokens).into_iter().enumerate() {
             let dropout_seed = combine(seed, n as u64);
-            let mb = self.micro_batch(requests, indices, training, batching, dropout_seed, loss)?;
+            let batch: Vec<&Row> = batch.into_iter().map(|r| &rows[r]).collect();
+            let mb = self.micro_batch(requests, &batch, training, batching, dropout_seed, loss)?;
             let values =
                 Vec::<f32>::try_from(&mb.logprobs.detach().to_device(tch::Device::Cpu).reshape([-1])).expect("f32");
             let t = mb.logprobs.size()[1] as usize;
@@ -124,7 +146,7 @@ impl Policy {
     fn micro_batch(
         &mut self,
         requests: &[ScoreRequest],
-        indices: Vec<usize>,
+        batch: &[&Row],
         training: bool,
         batching: &MicroBatching,
         dropout_seed: u64,
@@ -132,46 +154,26 @@ impl Policy {
     ) -> Result<MicroBatch> {
         let device = self.device();
         let kind = self.kind();
-        let pad = self.pad_id();
-        let rows: Vec<&ScoreRequest> = indices.iter().map(|&i| &requests[i]).collect();
-        let b = rows.len() as i64;
-        let l = rows.iter().map(|r| r.prompt_ids.len() + r.response_ids.len()).max().unwrap_or(0) as i64;
-        let t = rows.iter().map(|r| r.response_ids.len()).max().unwrap_or(0) as i64;
-        // Right-padded ids (b, L).
-        let ids: Vec<Vec<i64>> = rows
-            .iter()
-            .map(|r| {
-                let mut v: Vec<i64> = r.prompt_ids.iter().chain(&r.response_ids).copied().collect();
-                v.resize(l as usize, pad);
-                v
-            })
-            .collect();
-        // For response token j of row i: the hidden state at i·L + P_i − 1 + j predicts it,
-        // and it lands at i·T + j of the (b, T) output.
-        let (mut source, mut target, mut slot) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, r) in rows.iter().enumerate() {
-            let p = r.prompt_ids.len() as i64;
-            for (j, &tok) in r.response_ids.iter().enumerate() {
-                source.push(i as i64 * l + p - 1 + j as i64);
-                target.push(tok);
-                slot.push(i as i64 * t + j as i64);
-            }
-        }
+        let layout = Layout::new(requests, batch, self.pad_id());
         let to_dev = |v: &[i64]| Tensor::from_slice(v).to_device(device);
-        let (source, target, slot) = (to_dev(&source), to_dev(&target), to_dev(&slot));
-        let mask = Tensor::zeros([b * t], (Kind::Float, device)).index_fill(0, &slot, 1.0).view([b, t]);
+        let (b, l, t) = (batch.len() as i64, layout.width as i64, layout.response_width as i64);
+        let n = layout.indices.len() as i64;
+        let (source, target, slot) = (to_dev(&layout.source), to_dev(&layout.target), to_dev(&layout.slot));
+        let mask = Tensor::zeros([n * t], (Kind::Float, device)).index_fill(0, &slot, 1.0).view([n, t]);
 
-        let slots: Vec<Option<usize>> = rows
+        let slots: Vec<Option<usize>> = batch
             .iter()
-            .map(|r| r.adapter.as_deref().map(|n| self.adapter_slot(n)).transpose())
+            .map(|row| requests[row.members[0]].adapter.as_deref().map(|n| self.adapter_slot(n)).transpose())
             .collect::<Result<_>>()?;
         let route = Route::new(&slots, device, training.then_some(dropout_seed));
-        let input = self.ids_tensor(&ids);
-        let positions = Tensor::arange(l, (Kind::Int64, device)).unsqueeze(0).expand([b, l], false);
+        let input = self.ids_tensor(&layout.ids);
+        let positions = to_dev(&layout.positions).view([b, l]);
         let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
-        let pass = Pass { cos, sin, mask: None, causal: true, use_cache: false, route: &route };
+        let attention_mask = layout.segments.as_ref().map(|s| shared_prefix_mask(&to_dev(s).view([b, l])));
+        let pass = Pass { cos, sin, mask: attention_mask, causal: true, use_cache: false, route: &route };
 
-        let rows = ResponseRows { source, target, slot, b, l, t, max_logits: batching.max_logits };
+        let indices = layout.indices;
+        let rows = ResponseRows { source, target, slot, b, l, n, t, max_logits: batching.max_logits };
         if !(batching.checkpointing && training) {
             let hidden = self.lm.hidden(&input, &pass);
             return rows.logprobs_and_backward(&self.lm, &hidden, indices, mask, loss);
@@ -263,8 +265,11 @@ struct ResponseRows {
     source: Tensor,
     target: Tensor,
     slot: Tensor,
+    /// Rows forwarded and their width: `hidden` is (b, L, E).
     b: i64,
     l: i64,
+    /// Requests and their longest response: the output is (n, T).
+    n: i64,
     t: i64,
     max_logits: i64,
 }
@@ -287,13 +292,14 @@ impl ResponseRows {
         mask: Tensor,
         loss: &mut dyn FnMut(&MicroBatch) -> Result<Option<Tensor>>,
     ) -> Result<MicroBatch> {
-        let (b, l, t) = (self.b, self.l, self.t);
+        let (b, l, rows, t) = (self.b, self.l, self.n, self.t);
         let e = hidden.size()[2];
         let chosen = hidden.reshape([b * l, e]).index_select(0, &self.source);
         let n = chosen.size()[0];
         let chunk = (self.max_logits / lm.config.vocab_size as i64).max(1);
-        let to_bt =
-            |lp: &Tensor| Tensor::zeros([b * t], (Kind::Float, lp.device())).index_add(0, &self.slot, lp).view([b, t]);
+        let to_bt = |lp: &Tensor| {
+            Tensor::zeros([rows * t], (Kind::Float, lp.device())).index_add(0, &self.slot, lp).view([rows, t])
+        };
         if n <= chunk {
             let logprobs = to_bt(&token_logprobs(lm, &chosen, &self.target));
             let mb = MicroBatch { indices, logprobs, mask };
@@ -337,21 +343,145 @@ fn token_logprobs(lm: &CausalLm, hidden: &Tensor, target: &Tensor) -> Tensor {
     logits.gather(1, &target.unsqueeze(1), false).squeeze_dim(1) - logits.logsumexp([1], false)
 }
 
-/// Groups requests into micro-batches of at most `max_tokens` padded tokens (b × longest),
-/// longest first; a request longer than the budget gets a micro-batch of its own.
-fn pack(requests: &[ScoreRequest], max_tokens: usize) -> Vec<Vec<usize>> {
-    let len = |i: usize| requests[i].prompt_ids.len() + requests[i].response_ids.len();
-    let mut order: Vec<usize> = (0..requests.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(len(i)));
+/// One row of a micro-batch: the requests whose prompt it forwards once, then each
+/// response in turn.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    members: Vec<usize>,
+    len: usize,
+}
+
+/// The rows `requests` are forwarded as: with `share`, requests with the same prompt and
+/// adapter share a row up to `max_tokens` tokens (more of them start another row);
+/// otherwise, one row each.
+fn rows(requests: &[ScoreRequest], max_tokens: usize, share: bool) -> Vec<Row> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_prompt: HashMap<(&[i64], Option<&str>), usize> = HashMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        let key = (r.prompt_ids.as_slice(), r.adapter.as_deref());
+        match by_prompt.get(&key) {
+            Some(&g) if share => groups[g].push(i),
+            _ => {
+                by_prompt.insert(key, groups.len());
+                groups.push(vec![i]);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for group in groups {
+        let prompt = requests[group[0]].prompt_ids.len();
+        let mut row = Row { members: Vec::new(), len: prompt };
+        for i in group {
+            let response = requests[i].response_ids.len();
+            if !row.members.is_empty() && row.len + response > max_tokens {
+                rows.push(std::mem::replace(&mut row, Row { members: Vec::new(), len: prompt }));
+            }
+            row.members.push(i);
+            row.len += response;
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// Groups rows into micro-batches of at most `max_tokens` padded tokens (rows × longest),
+/// longest first; a row longer than the budget gets a micro-batch of its own.
+fn micro_batches(rows: &[Row], max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(rows[i].len));
     let mut batches: Vec<Vec<usize>> = Vec::new();
     for i in order {
         match batches.last_mut() {
             // Sorted longest first: the batch's first row is its longest.
-            Some(batch) if (batch.len() + 1) * len(batch[0]) <= max_tokens => batch.push(i),
+            Some(batch) if (batch.len() + 1) * rows[batch[0]].len <= max_tokens => batch.push(i),
             _ => batches.push(vec![i]),
         }
     }
     batches
+}
+
+/// A micro-batch laid out as tensors' contents: (b, L) right-padded ids and positions,
+/// and for the n requests' response tokens where their logprobs come from and go.
+#[derive(Debug, PartialEq)]
+struct Layout {
+    ids: Vec<Vec<i64>>,
+    /// Flattened (b, L).
+    positions: Vec<i64>,
+    /// Flattened (b, L): 0 for a prompt token, m + 1 for member m's response, −1 for
+    /// padding; `None` when no row is shared (plain causal attention).
+    segments: Option<Vec<i64>>,
+    width: usize,
+    /// The requests, in output row order.
+    indices: Vec<usize>,
+    response_width: usize,
+    /// For response token j of request row r: the hidden state at `source` (of the
+    /// flattened (b·L, E)) predicts `target`, whose logprob lands at `slot` = r·T + j.
+    source: Vec<i64>,
+    target: Vec<i64>,
+    slot: Vec<i64>,
+}
+
+impl Layout {
+    fn new(requests: &[ScoreRequest], batch: &[&Row], pad: i64) -> Layout {
+        let width = batch.iter().map(|row| row.len).max().unwrap_or(0);
+        let indices: Vec<usize> = batch.iter().flat_map(|row| row.members.iter().copied()).collect();
+        let response_width = indices.iter().map(|&i| requests[i].response_ids.len()).max().unwrap_or(0);
+        let shared = batch.iter().any(|row| row.members.len() > 1);
+        let mut layout = Layout {
+            ids: Vec::with_capacity(batch.len()),
+            positions: Vec::with_capacity(batch.len() * width),
+            segments: shared.then(|| Vec::with_capacity(batch.len() * width)),
+            width,
+            indices,
+            response_width,
+            source: Vec::new(),
+            target: Vec::new(),
+            slot: Vec::new(),
+        };
+        let mut request_row = 0;
+        for (b, row) in batch.iter().enumerate() {
+            let prompt = &requests[row.members[0]].prompt_ids;
+            let p = prompt.len();
+            let mut ids = prompt.clone();
+            let mut segments = vec![0; p];
+            layout.positions.extend(0..p as i64);
+            for (m, &i) in row.members.iter().enumerate() {
+                let response = &requests[i].response_ids;
+                for (j, &token) in response.iter().enumerate() {
+                    // Token j is predicted by the one before it: the prompt's last for j = 0.
+                    let previous = if j == 0 { p - 1 } else { ids.len() - 1 };
+                    layout.source.push((b * width + previous) as i64);
+                    layout.target.push(token);
+                    layout.slot.push((request_row * response_width + j) as i64);
+                    ids.push(token);
+                }
+                segments.extend(std::iter::repeat_n(m as i64 + 1, response.len()));
+                layout.positions.extend((p..p + response.len()).map(|x| x as i64));
+                request_row += 1;
+            }
+            layout.positions.extend(std::iter::repeat_n(0, width - ids.len()));
+            segments.resize(width, -1);
+            ids.resize(width, pad);
+            if let Some(all) = layout.segments.as_mut() {
+                all.extend(segments);
+            }
+            layout.ids.push(ids);
+        }
+        layout
+    }
+}
+
+/// (b, 1, L, L) boolean attention mask of shared-prefix rows from their (b, L) segments:
+/// a token sees the prompt and its own response up to itself, and itself (so padding,
+/// segment −1, never has an empty row).
+fn shared_prefix_mask(segments: &Tensor) -> Tensor {
+    let (b, l) = segments.size2().expect("(b, L) segments");
+    let causal = Tensor::ones([l, l], (Kind::Bool, segments.device())).tril(0);
+    let query = segments.view([b, l, 1]);
+    let key = segments.view([b, 1, l]);
+    let visible = key.eq(0).logical_or(&key.eq_tensor(&query));
+    let eye = Tensor::eye(l, (Kind::Bool, segments.device()));
+    causal.logical_and(&visible).logical_or(&eye).unsqueeze(1)
 }
 
 #[cfg(test)]
@@ -365,11 +495,61 @@ mod tests {
     #[test]
     fn packing_respects_the_budget_and_covers_every_request_once() {
         let reqs = vec![req(3, 2), req(10, 5), req(1, 1), req(4, 4), req(20, 30)];
-        let batches = pack(&reqs, 32);
+        let batches = micro_batches(&rows(&reqs, 32, false), 32);
         // Longest first: [50] alone (over budget), then 15+8 → 2×15 = 30 ≤ 32, then 5, 2.
         assert_eq!(batches, vec![vec![4], vec![1, 3], vec![0, 2]]);
         let mut all: Vec<usize> = batches.concat();
         all.sort();
         assert_eq!(all, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn requests_share_a_row_when_prompt_and_adapter_agree_and_it_fits() {
+        let lora = ScoreRequest { adapter: Some("a".into()), ..req(4, 2) };
+        let reqs = vec![req(4, 2), req(3, 1), req(4, 3), lora, req(4, 5)];
+        let rows = |max, share| -> Vec<(Vec<usize>, usize)> {
+            super::rows(&reqs, max, share).into_iter().map(|r| (r.members, r.len)).collect()
+        };
+        assert_eq!(rows(100, true), vec![(vec![0, 2, 4], 14), (vec![1], 4), (vec![3], 6)]);
+        // 4 + 2 + 3 fits 10; request 4's 5 tokens start a row with the prompt again.
+        assert_eq!(rows(10, true), vec![(vec![0, 2], 9), (vec![4], 9), (vec![1], 4), (vec![3], 6)]);
+        assert_eq!(rows(100, false).len(), 5);
+    }
+
+    #[test]
+    fn a_shared_row_places_each_response_after_the_prompt() {
+        let reqs = vec![
+            ScoreRequest { prompt_ids: vec![10, 11, 12], response_ids: vec![20, 21], adapter: None },
+            ScoreRequest { prompt_ids: vec![10, 11, 12], response_ids: vec![30, 31, 32], adapter: None },
+            ScoreRequest { prompt_ids: vec![40], response_ids: vec![41], adapter: None },
+        ];
+        let all = rows(&reqs, 100, true);
+        let layout = Layout::new(&reqs, &[&all[0], &all[1]], 0);
+        assert_eq!(layout.ids, vec![vec![10, 11, 12, 20, 21, 30, 31, 32], vec![40, 41, 0, 0, 0, 0, 0, 0]]);
+        assert_eq!(layout.positions, vec![0, 1, 2, 3, 4, 3, 4, 5, 0, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(layout.segments, Some(vec![0, 0, 0, 1, 1, 2, 2, 2, 0, 1, -1, -1, -1, -1, -1, -1]));
+        // 30 is predicted by the prompt's last token (2), not by the response before it.
+        assert_eq!(layout.source, vec![2, 3, 2, 5, 6, 8]);
+        assert_eq!(layout.target, vec![20, 21, 30, 31, 32, 41]);
+        assert_eq!(layout.slot, vec![0, 1, 3, 4, 5, 6]);
+        assert_eq!((layout.indices, layout.response_width), (vec![0, 1, 2], 3));
+        let unshared = rows(&reqs, 100, false);
+        assert_eq!(Layout::new(&reqs, &[&unshared[0]], 0).segments, None);
+    }
+
+    #[test]
+    fn the_mask_shows_the_prompt_and_the_own_response_only() {
+        let segments = Tensor::from_slice(&[0i64, 0, 1, 2, 2, -1]).view([1, 6]);
+        let mask = shared_prefix_mask(&segments).squeeze();
+        let expected = [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 0, 1, 0, 0],
+            [1, 1, 0, 1, 1, 0],
+            [1, 1, 0, 0, 0, 1],
+        ];
+        let got: Vec<Vec<i64>> = Vec::try_from(mask.to_kind(Kind::Int64)).unwrap();
+        assert_eq!(got, expected.map(Vec::from).to_vec());
     }
 }

@@ -9,6 +9,7 @@ mod independent_reader;
 mod libtorch;
 mod model;
 mod pipeline;
+mod real_model;
 mod scale_out;
 mod stages;
 mod store;

@@ -448,6 +448,87 @@ fn a_fresh_lora_adapter_leaves_logits_unchanged_and_training_changes_only_adapte
     assert!(reloaded[2].equal(&mixed[2]));
 }
 
+/// Every response token's logprob and every trainable tensor's gradient of a
+/// token-summed loss, split as `batching` says.
+fn logprobs_and_gradients(
+    policy: &mut Policy,
+    requests: &[ScoreRequest],
+    batching: &MicroBatching,
+    adapter: Option<&str>,
+) -> (Vec<Vec<f32>>, Vec<(String, Tensor)>) {
+    let vs = match adapter {
+        Some(name) => policy.adapter_var_store(name).unwrap(),
+        None => policy.var_store(),
+    };
+    vs.trainable_variables().iter_mut().for_each(|t| t.zero_grad());
+    let logprobs = policy
+        .backward(requests, batching, 0, &mut |mb| {
+            // Weighted per request, so a response in the wrong row would show.
+            let weights: Vec<f32> = mb.indices.iter().map(|&i| 1.0 + i as f32).collect();
+            let w = Tensor::from_slice(&weights).view([-1, 1]);
+            Ok((&mb.logprobs * &mb.mask * w).sum(Kind::Float))
+        })
+        .unwrap();
+    let vs = match adapter {
+        Some(name) => policy.adapter_var_store(name).unwrap(),
+        None => policy.var_store(),
+    };
+    let mut grads: Vec<(String, Tensor)> = vs.variables().into_iter().map(|(n, t)| (n, t.grad().copy())).collect();
+    grads.sort_by(|a, b| a.0.cmp(&b.0));
+    (logprobs, grads)
+}
+
+#[test]
+fn a_shared_prompt_forwarded_once_gives_the_logprobs_and_gradients_of_separate_rows() {
+    for family in ["qwen3", "llama"] {
+        let dir = fixture(family);
+        let mut policy = load(&dir);
+        let cases = cases(&dir);
+        // Two groups of three responses of different lengths, and a request alone.
+        let mut requests = Vec::new();
+        for (c, case) in cases.iter().take(2).enumerate() {
+            for k in 0..3 {
+                let response: Vec<i64> = case.greedy.iter().skip(k).take(4 + 3 * k).map(|&t| t + c as i64).collect();
+                requests.push(ScoreRequest {
+                    prompt_ids: case.input_ids.clone(),
+                    response_ids: response,
+                    adapter: None,
+                });
+            }
+        }
+        requests.insert(2, ScoreRequest { response_ids: vec![5, 6], ..score_request(&cases[2]) });
+        let with_adapter: Vec<ScoreRequest> =
+            requests.iter().map(|r| ScoreRequest { adapter: Some("planner".into()), ..r.clone() }).collect();
+        for (adapter, requests) in [(None, &requests), (Some("planner"), &with_adapter)] {
+            if adapter.is_some() {
+                // The base freezes: from here on only the adapter trains.
+                let lora = petting::model::LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Vec::new() };
+                policy.add_adapter("planner", &lora, 7).unwrap();
+            }
+            for checkpointing in [false, true] {
+                let separate = MicroBatching { share_prefix: false, ..MicroBatching::new(1 << 20, checkpointing) };
+                let shared = MicroBatching { share_prefix: true, ..separate };
+                let what = format!("{family}, adapter {adapter:?}, checkpointing {checkpointing}");
+                let (lp_a, grads_a) = logprobs_and_gradients(&mut policy, requests, &separate, adapter);
+                let (lp_b, grads_b) = logprobs_and_gradients(&mut policy, requests, &shared, adapter);
+                for (a, b) in lp_a.iter().zip(&lp_b) {
+                    assert_eq!(a.len(), b.len());
+                    for (x, y) in a.iter().zip(b) {
+                        assert!((x - y).abs() < 1e-4, "{what}: logprob {x} vs {y}");
+                    }
+                }
+                for ((name, a), (_, b)) in grads_a.iter().zip(&grads_b) {
+                    let scale = a.abs().max().double_value(&[]).max(1e-6);
+                    let err = max_abs_diff(a, b) / scale;
+                    assert!(err < 1e-4, "{what}: gradient of {name} differs by {err} (relative)");
+                }
+                let scored = policy.score(requests, 1 << 20).unwrap();
+                assert!(scored.iter().flatten().zip(lp_a.iter().flatten()).all(|(x, y)| (x - y).abs() < 1e-4));
+            }
+        }
+    }
+}
+
 #[test]
 fn a_sequences_sample_does_not_depend_on_its_batch_mates() {
     let mut policy = load(&fixture("llama"));

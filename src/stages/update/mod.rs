@@ -39,6 +39,7 @@ mod checks;
 mod initialise;
 pub mod warm_start;
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,7 @@ use crate::tables::{self, SampleRow, TurnRow, UpdateRow};
 use crate::validate::{Invalid, check};
 
 use super::inputs;
-use checks::TrainingSet;
+use checks::{Sequence, TrainingSet};
 pub use initialise::{check_fork, initialise};
 
 /// `update:` in a run's config.
@@ -73,6 +74,9 @@ pub struct UpdateConfig {
     /// Recompute activations in the backward pass to save memory: true, false, or auto
     /// (on when a micro-batch's activations would take more than 4 GiB).
     pub gradient_checkpointing: Checkpointing,
+    /// Forward a prompt that several samples share (a group's candidates) once, each
+    /// response attending to it: the same loss and gradients, a fraction of the work.
+    pub share_prefix: bool,
     /// Largest mean |recomputed - sampled| token logprob accepted before the first step;
     /// more means the weights or the sampler are wrong, and the update refuses.
     pub max_logprob_drift: f64,
@@ -86,6 +90,7 @@ impl Default for UpdateConfig {
             micro_batch_tokens: 8192,
             grad_clip: 1.0,
             gradient_checkpointing: Checkpointing::Auto,
+            share_prefix: true,
             max_logprob_drift: 0.05,
         }
     }
@@ -117,7 +122,7 @@ impl UpdateConfig {
             Checkpointing::Off => false,
             Checkpointing::Auto => policy.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
         };
-        MicroBatching::new(tokens, checkpointing)
+        MicroBatching { share_prefix: self.share_prefix, ..MicroBatching::new(tokens, checkpointing) }
     }
 }
 
@@ -367,7 +372,7 @@ fn train_ppo(
             adapter: adapter.map(str::to_owned),
         })
         .collect();
-    let old = policy.score(&requests, settings.micro.max_tokens)?;
+    let old = policy.score_batched(&requests, &settings.micro)?;
     let drift: Vec<Vec<f64>> = old
         .iter()
         .zip(sequences)
@@ -389,7 +394,7 @@ fn train_ppo(
     let total = u64::from(settings.iterations) * steps_per_iteration;
     let mut rows = Vec::new();
     for epoch in 0..settings.epochs {
-        let order = permutation(sequences.len(), stream(&[settings.seed, u64::from(epoch)]));
+        let order = mini_batch_order(sequences, stream(&[settings.seed, u64::from(epoch)]));
         for chunk in order.chunks(settings.mini_batch) {
             let start = Instant::now();
             let step = rows.len() as u64;
@@ -408,6 +413,22 @@ fn train_ppo(
         }
     }
     Ok((rows, Some(trainer.state())))
+}
+
+/// The order an epoch takes the samples in: the groups of samples with one prompt in a
+/// seeded random order, each group's samples together, so that a mini-batch holds whole
+/// groups (as verl's do) and forwards each shared prompt once.
+fn mini_batch_order(sequences: &[Sequence], seed: u64) -> Vec<usize> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_prompt: HashMap<&[i64], usize> = HashMap::new();
+    for (i, s) in sequences.iter().enumerate() {
+        let g = *by_prompt.entry(&s.prompt).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(i);
+    }
+    permutation(groups.len(), seed).into_iter().flat_map(|g| std::mem::take(&mut groups[g])).collect()
 }
 
 struct StepFacts {
@@ -482,5 +503,27 @@ mod tests {
         let (mean, max) = mean_max([0.5, 0.1, 0.3].into_iter());
         assert!((mean - 0.3).abs() < 1e-12 && max == 0.5);
         assert_eq!(mean_max(std::iter::empty()), (0.0, 0.0));
+    }
+
+    #[test]
+    fn an_epoch_keeps_each_groups_samples_together() {
+        let sample = |prompt: i64| Sequence {
+            candidate_id: String::new(),
+            prompt: vec![prompt],
+            response: vec![1],
+            sampled: vec![0.0],
+            advantage: 0.0,
+        };
+        let sequences: Vec<Sequence> = [7, 8, 7, 9, 8, 7].into_iter().map(sample).collect();
+        let order = mini_batch_order(&sequences, 3);
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..6).collect::<Vec<_>>());
+        let prompts: Vec<i64> = order.iter().map(|&i| sequences[i].prompt[0]).collect();
+        let runs = prompts.windows(2).filter(|w| w[0] != w[1]).count() + 1;
+        assert_eq!(runs, 3, "one run per prompt: {prompts:?}");
+        assert_eq!(order, mini_batch_order(&sequences, 3));
+        let seeds: std::collections::BTreeSet<Vec<usize>> = (0..20).map(|s| mini_batch_order(&sequences, s)).collect();
+        assert!(seeds.len() > 1, "the seed orders the groups");
     }
 }
