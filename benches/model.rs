@@ -9,6 +9,14 @@
 //!   backward, AdamW lr 1e-5, weight decay 0.01); PPO-clip with old logprobs from a
 //!   no-grad pass before timing and one N(0, 1) advantage per sequence.
 //!
+//! * `grpo`: one GRPO step as TRL's `GRPOTrainer` takes it (`scripts/bench_grpo_trl.py`
+//!   is the other side), on a real model folder (`--model-dir`): 4 math prompts from
+//!   `datasets/math/gsm_symbolic.jsonl` in the model's chat template × 4 completions of
+//!   exactly 64 sampled tokens, a reward counting ids ≡ 3 mod 64, group-normalised
+//!   advantages, then what petting's update does with one mini-batch: one PPO-clip step
+//!   whose own forward gives the old logprobs, with petting's AdamW (lr 1e-5, no
+//!   weight decay).
+//!
 //! Random weights from the bench configs (`Policy::scratch`, seed 0), float32, 2 threads.
 //! One warm-up and 5 timed reps (`--reps`); a rep of ≥ 0.25 s during which other processes
 //! used ≥ 0.30 cores is discarded and redone, as the anchors do. One JSON line per run is
@@ -19,14 +27,18 @@
 use std::io::Write;
 use std::time::Instant;
 
+use petting::algo::loss::Aggregation;
 use petting::model::{
-    GenerationRequest, GenerationSettings, LoadOptions, MicroBatching, ModelConfig, Policy, Sampling, ScoreRequest,
+    ChatMessage, DType, GenerationRequest, GenerationSettings, LoadOptions, MicroBatching, ModelConfig,
+    OptimizerConfig, Policy, PpoClip, Sampling, SaveAs, ScoreRequest, TemplateOptions, Trainer,
 };
 use tch::Kind;
-use tch::nn::OptimizerConfig;
+use tch::nn::OptimizerConfig as _;
 
 struct Args {
     model: String,
+    model_dir: Option<String>,
+    dtype: Option<DType>,
     workload: String,
     reps: usize,
     out: Option<String>,
@@ -34,12 +46,27 @@ struct Args {
 }
 
 fn parse_args() -> Args {
-    let mut args =
-        Args { model: "bench-tiny".into(), workload: "greedy".into(), reps: 5, out: None, tag: "default".into() };
+    let mut args = Args {
+        model: "bench-tiny".into(),
+        model_dir: None,
+        dtype: None,
+        workload: "greedy".into(),
+        reps: 5,
+        out: None,
+        tag: "default".into(),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--model" => args.model = it.next().expect("--model NAME"),
+            "--model-dir" => args.model_dir = it.next(),
+            "--dtype" => {
+                args.dtype = match it.next().as_deref() {
+                    Some("f32") => Some(DType::F32),
+                    Some("bf16") => Some(DType::Bf16),
+                    other => panic!("--dtype f32|bf16, not {other:?}"),
+                }
+            }
             "--workload" => args.workload = it.next().expect("--workload NAME"),
             "--reps" => args.reps = it.next().expect("--reps N").parse().expect("a number"),
             "--out" => args.out = it.next(),
@@ -137,11 +164,16 @@ fn main() {
     petting::allocator::keep_freed_memory(); // as the petting binary does
     let args = parse_args();
     tch::set_num_threads(2);
-    let config_path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../shared/bench/{}.config.json", args.model));
-    let config = ModelConfig::from_file(&config_path).unwrap();
-    let vocab = config.vocab_size;
-    let mut policy = Policy::scratch(config, 0, &LoadOptions::default()).unwrap();
+    let options = LoadOptions { dtype: args.dtype, ..LoadOptions::default() };
+    let mut policy = match &args.model_dir {
+        Some(dir) => Policy::load(std::path::Path::new(dir), &options).unwrap(),
+        None => {
+            let config_path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../shared/bench/{}.config.json", args.model));
+            Policy::scratch(ModelConfig::from_file(&config_path).unwrap(), 0, &options).unwrap()
+        }
+    };
+    let vocab = policy.config().vocab_size;
     let total_tokens;
     let (kept, loads, discarded) = match args.workload.as_str() {
         "prefill" | "prefill_keep1" => {
@@ -229,12 +261,40 @@ fn main() {
                 opt.step();
             })
         }
-        other => panic!("unknown workload {other} (prefill, prefill_keep1, greedy, sampled, ce, ppo)"),
+        "save" | "load" => {
+            // A full checkpoint written (one tensor at a time, hashed as written) or read
+            // back from a folder in the page cache, as an update and the next stage do.
+            let out = tempfile::tempdir().unwrap();
+            let save_as = SaveAs { policy: "bench", version: 1, parent: None };
+            policy.save(out.path(), &save_as).unwrap();
+            std::fs::copy(
+                std::path::Path::new(args.model_dir.as_deref().expect("--model-dir")).join("tokenizer.json"),
+                out.path().join("tokenizer.json"),
+            )
+            .unwrap();
+            total_tokens = 0;
+            if args.workload == "save" {
+                measure(args.reps, &mut || {
+                    policy.save(out.path(), &save_as).unwrap();
+                })
+            } else {
+                measure(args.reps, &mut || {
+                    drop(Policy::load(out.path(), &options).unwrap());
+                })
+            }
+        }
+        "grpo" => {
+            total_tokens = GRPO_PROMPTS * GRPO_K * GRPO_COMPLETION;
+            let mut step = grpo_step(&mut policy);
+            measure(args.reps, &mut step)
+        }
+        other => panic!("unknown workload {other} (prefill, prefill_keep1, greedy, sampled, ce, ppo, grpo)"),
     };
     let med = median(&kept);
     let line = serde_json::json!({
         "side": "petting-tch",
-        "model": args.model,
+        "model": args.model_dir.as_deref().unwrap_or(&args.model),
+        "dtype": format!("{:?}", policy.kind()),
         "workload": args.workload,
         "tag": args.tag,
         "reps_s": kept,
@@ -252,5 +312,71 @@ fn main() {
     if let Some(out) = args.out {
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out).unwrap();
         writeln!(f, "{line}").unwrap();
+    }
+}
+
+const GRPO_PROMPTS: usize = 4;
+const GRPO_K: usize = 4;
+const GRPO_COMPLETION: usize = 64;
+
+/// One GRPO step on `policy`, as a closure to time: sample, reward, advantages, old
+/// logprobs, one PPO-clip step.
+fn grpo_step(policy: &mut Policy) -> impl FnMut() + '_ {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/math/gsm_symbolic.jsonl");
+    let text = std::fs::read_to_string(data).unwrap();
+    let options = TemplateOptions { add_generation_prompt: true, ..Default::default() };
+    let prompts: Vec<Vec<i64>> = text
+        .lines()
+        .take(GRPO_PROMPTS)
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let message = ChatMessage::new("user", row["problem"].as_str().unwrap());
+            policy.encode_chat(&[message], &options).unwrap().1
+        })
+        .collect();
+    let optimizer = OptimizerConfig { lr: 1e-5, weight_decay: 0.0, ..OptimizerConfig::default() };
+    let mut trainer = Trainer::new(policy, None, &optimizer, 1.0, None).unwrap();
+    let settings = GenerationSettings {
+        min_new_tokens: GRPO_COMPLETION,
+        ..GenerationSettings::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, GRPO_COMPLETION)
+    };
+    let clip = PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean };
+    let micro = MicroBatching::new(8192, false);
+    let mut round = 0u64;
+    move || {
+        round += 1;
+        let requests: Vec<GenerationRequest> = (0..GRPO_PROMPTS * GRPO_K)
+            .map(|i| GenerationRequest {
+                prompt_ids: prompts[i / GRPO_K].clone(),
+                seed: round * 1000 + i as u64,
+                adapter: None,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let out = policy.generate(&requests, &settings).unwrap();
+        let t_gen = t0.elapsed().as_secs_f64();
+        let rewards: Vec<f64> =
+            out.iter().map(|g| g.token_ids.iter().filter(|&&t| t % 64 == 3).count() as f64).collect();
+        let advantages: Vec<f64> = rewards
+            .chunks(GRPO_K)
+            .flat_map(|group| {
+                let mean = group.iter().sum::<f64>() / group.len() as f64;
+                let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (group.len() - 1) as f64).sqrt();
+                group.iter().map(move |r| (r - mean) / (std + 1e-4)).collect::<Vec<_>>()
+            })
+            .collect();
+        let batch: Vec<ScoreRequest> = requests
+            .iter()
+            .zip(&out)
+            .map(|(r, g)| ScoreRequest {
+                prompt_ids: r.prompt_ids.clone(),
+                response_ids: g.token_ids.clone(),
+                adapter: None,
+            })
+            .collect();
+        // One mini-batch: its own forward gives the old logprobs, as in petting's update.
+        let t1 = Instant::now();
+        trainer.ppo_step(policy, &batch, None, &advantages, clip, micro, round, 1e-5).unwrap();
+        eprintln!("generate {t_gen:.2} s, step {:.2} s", t1.elapsed().as_secs_f64());
     }
 }

@@ -11,8 +11,10 @@
 //!       names is under turns/iteration=k/; every turns and samples row carries v_k;
 //!       the samples were computed from this rollout
 //!    2. per policy (its own samples only, joined to turns by candidate_id):
-//!       recompute the response logprobs with the loaded weights (drift vs sampled;
-//!       mean drift > update.max_logprob_drift is an error), then PPO-clip steps
+//!       recompute the response logprobs with the loaded weights (the first
+//!       mini-batch's by its own training forward), PPO-clip steps, and after the
+//!       first, the drift check (mean drift vs sampled > update.max_logprob_drift is
+//!       an error)
 //!       (a failure here, e.g. drift, may leave the earlier policies' new files as
 //!       orphans for `petting gc`; the checks of step 1 and every checkpoint's hashes
 //!       come before the first write)
@@ -318,6 +320,9 @@ struct PpoSettings<'a> {
     grad_clip: f64,
     clip: PpoClip,
     max_drift: f64,
+    /// The first step's forward can give its old logprobs: no dropout makes it differ
+    /// from a no-grad pass.
+    reuse_first_forward: bool,
     optimizer: &'a OptimizerConfig,
     seed: u64,
 }
@@ -339,6 +344,7 @@ impl PpoSettings<'_> {
                 aggregation: algorithm.name.aggregation(config.rollout.sampling.max_new_tokens),
             },
             max_drift: update.max_logprob_drift,
+            reuse_first_forward: config.policies[name].lora.as_ref().is_none_or(|l| l.dropout == 0.0),
             optimizer: &config.policies[name].optimizer,
             seed: stream(&[config.seed, Key::PPO, u64::from(iteration), name_key(name)]),
         }
@@ -350,8 +356,14 @@ impl PpoSettings<'_> {
     }
 }
 
-/// Recomputes the logprobs (drift check), then runs the PPO-clip steps, continuing the
-/// optimiser state `optimizer`; one row per step, and the state to save with the result.
+/// Runs the PPO-clip steps, continuing the optimiser state `optimizer`; one row per step,
+/// and the state to save with the result.
+///
+/// The old logprobs are recomputed under the current weights. The first mini-batch's
+/// come from its own training forward (the weights are still the old policy's; ratio
+/// exactly 1), unless LoRA dropout makes that forward noisy; the others' from a no-grad
+/// pass before the first step. Their drift from the sampled logprobs is checked after
+/// the first step, before anything is written.
 fn train_ppo(
     policy: &mut Policy,
     adapter: Option<&str>,
@@ -372,10 +384,54 @@ fn train_ppo(
             adapter: adapter.map(str::to_owned),
         })
         .collect();
-    let old = policy.score_batched(&requests, &settings.micro)?;
+    let epochs: Vec<Vec<usize>> =
+        (0..settings.epochs).map(|e| mini_batch_order(sequences, stream(&[settings.seed, u64::from(e)]))).collect();
+    let first_step = settings.reuse_first_forward.then(|| epochs[0].len().min(settings.mini_batch)).unwrap_or(0);
+    let mut old = vec![Vec::new(); sequences.len()];
+    let scored: Vec<usize> = epochs[0][first_step..].to_vec();
+    let scored_requests: Vec<ScoreRequest> = scored.iter().map(|&i| requests[i].clone()).collect();
+    for (i, logprobs) in scored.into_iter().zip(policy.score_batched(&scored_requests, &settings.micro)?) {
+        old[i] = logprobs;
+    }
+
+    let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
+    let steps_per_iteration = settings.steps(sequences.len());
+    let total = u64::from(settings.iterations) * steps_per_iteration;
+    let mut rows = Vec::new();
+    let mut drift = Vec::new();
+    for chunk in epochs.iter().flat_map(|order| order.chunks(settings.mini_batch)) {
+        let start = Instant::now();
+        let step = rows.len() as u64;
+        let own_forward = step == 0 && first_step > 0;
+        let batch: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
+        let old_batch: Vec<&[f32]> = chunk.iter().map(|&i| old[i].as_slice()).collect();
+        let advantages: Vec<f64> = chunk.iter().map(|&i| sequences[i].advantage).collect();
+        let lr = settings.optimizer.learning_rate(u64::from(settings.iteration) * steps_per_iteration + step, total);
+        let seed = stream(&[settings.seed, Key::PPO, step]);
+        let old_given = (!own_forward).then_some(old_batch.as_slice());
+        let done = trainer.ppo_step(policy, &batch, old_given, &advantages, settings.clip, settings.micro, seed, lr)?;
+        if step == 0 {
+            if own_forward {
+                for (&i, logprobs) in chunk.iter().zip(&done.logprobs) {
+                    old[i] = logprobs.clone();
+                }
+            }
+            drift = check_drift(set, settings, &old)?;
+        }
+        let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
+        let facts = StepFacts { step, grad_norm: done.grad_norm, weights_change: done.weights_change, lr, start };
+        rows.push(step_row(settings, set, chunk, &done.logprobs, &old, &drift, facts));
+        progress.advance(1, tokens as u64);
+    }
+    Ok((rows, Some(trainer.state())))
+}
+
+/// Each token's |recomputed − sampled| logprob; an error when their mean exceeds the limit
+/// (the weights or the sampler are not what the rollout says).
+fn check_drift(set: &TrainingSet, settings: &PpoSettings, old: &[Vec<f32>]) -> Result<Vec<Vec<f64>>, Error> {
     let drift: Vec<Vec<f64>> = old
         .iter()
-        .zip(sequences)
+        .zip(&set.sequences)
         .map(|(o, s)| o.iter().zip(&s.sampled).map(|(a, b)| f64::from((a - b).abs())).collect())
         .collect();
     let (mean, max) = mean_max(drift.iter().flatten().copied());
@@ -386,33 +442,9 @@ fn train_ppo(
             mean,
             max,
             limit: settings.max_drift,
-        }
-        .into());
+        });
     }
-    let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
-    let steps_per_iteration = settings.steps(sequences.len());
-    let total = u64::from(settings.iterations) * steps_per_iteration;
-    let mut rows = Vec::new();
-    for epoch in 0..settings.epochs {
-        let order = mini_batch_order(sequences, stream(&[settings.seed, u64::from(epoch)]));
-        for chunk in order.chunks(settings.mini_batch) {
-            let start = Instant::now();
-            let step = rows.len() as u64;
-            let batch: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
-            let old_batch: Vec<&[f32]> = chunk.iter().map(|&i| old[i].as_slice()).collect();
-            let advantages: Vec<f64> = chunk.iter().map(|&i| sequences[i].advantage).collect();
-            let lr =
-                settings.optimizer.learning_rate(u64::from(settings.iteration) * steps_per_iteration + step, total);
-            let seed = stream(&[settings.seed, Key::PPO, step]);
-            let done =
-                trainer.ppo_step(policy, &batch, &old_batch, &advantages, settings.clip, settings.micro, seed, lr)?;
-            let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
-            let facts = StepFacts { step, grad_norm: done.grad_norm, weights_change: done.weights_change, lr, start };
-            rows.push(step_row(settings, set, chunk, &done.logprobs, &old, &drift, facts));
-            progress.advance(1, tokens as u64);
-        }
-    }
-    Ok((rows, Some(trainer.state())))
+    Ok(drift)
 }
 
 /// The order an epoch takes the samples in: the groups of samples with one prompt in a
