@@ -386,7 +386,8 @@ fn train_ppo(
         .collect();
     let epochs: Vec<Vec<usize>> =
         (0..settings.epochs).map(|e| mini_batch_order(sequences, stream(&[settings.seed, u64::from(e)]))).collect();
-    let first_step = settings.reuse_first_forward.then(|| epochs[0].len().min(settings.mini_batch)).unwrap_or(0);
+    // Samples of the first step, whose own forward gives their old logprobs.
+    let first_step = if settings.reuse_first_forward { epochs[0].len().min(settings.mini_batch) } else { 0 };
     let mut old = vec![Vec::new(); sequences.len()];
     let scored: Vec<usize> = epochs[0][first_step..].to_vec();
     let scored_requests: Vec<ScoreRequest> = scored.iter().map(|&i| requests[i].clone()).collect();
