@@ -166,28 +166,36 @@ impl AdamW {
         let step_size = lr / bias_correction1;
         let decay = 1.0 - lr * self.config.weight_decay;
         let (mut moved, mut norm) = (0.0, 0.0);
+        // In place where torch allows it: at a real vocabulary the embedding and lm_head
+        // are the largest tensors, and each temporary of their size is ~0.5 GiB at 0.5B.
         tch::no_grad(|| {
             for p in &mut self.params {
                 let grad = p.weight.grad();
                 if !grad.defined() {
                     continue;
                 }
-                let g = grad.to_kind(Kind::Float) * clip;
+                let g = if clip == 1.0 && grad.kind() == Kind::Float { grad } else { grad.to_kind(Kind::Float) * clip };
                 // A copy: to_kind of a float32 weight would alias the storage stepped below.
-                let before = p.weight.to_kind(Kind::Float).copy();
-                norm += before.square().sum(Kind::Double).double_value(&[]);
+                let mut before = p.weight.to_kind(Kind::Float).copy();
+                norm += before.norm().double_value(&[]).powi(2);
                 let mut w = p.master.as_ref().map_or_else(|| p.weight.shallow_clone(), Tensor::shallow_clone);
                 let _ = w.g_mul_scalar_(decay);
-                let _ = p.exp_avg.g_mul_scalar_(beta1);
-                let _ = p.exp_avg.g_add_(&(&g * (1.0 - beta1)));
+                let _ = p.exp_avg.lerp_(&g, 1.0 - beta1);
                 let _ = p.exp_avg_sq.g_mul_scalar_(beta2);
-                let _ = p.exp_avg_sq.g_add_(&(g.square() * (1.0 - beta2)));
-                let denom = p.exp_avg_sq.sqrt() / bias_correction2_sqrt + self.config.eps;
-                let _ = w.g_add_(&(&p.exp_avg / denom * (-step_size)));
+                let _ = p.exp_avg_sq.addcmul_(&g, &(&g * (1.0 - beta2)));
+                drop(g);
+                // w += exp_avg / denom with denom = (sqrt(v) / bc2 + eps) / −step_size.
+                let mut denom = p.exp_avg_sq.sqrt();
+                let _ = denom.g_div_scalar_(bias_correction2_sqrt);
+                let _ = denom.g_add_scalar_(self.config.eps);
+                let _ = denom.g_div_scalar_(-step_size);
+                let _ = w.addcdiv_(&p.exp_avg, &denom);
+                drop(denom);
                 if p.master.is_some() {
                     p.weight.copy_(&w);
                 }
-                moved += (p.weight.to_kind(Kind::Float) - before).square().sum(Kind::Double).double_value(&[]);
+                let _ = before.g_sub_(&p.weight.to_kind(Kind::Float));
+                moved += before.norm().double_value(&[]).powi(2);
             }
         });
         StepChange { relative: if norm > 0.0 { (moved / norm).sqrt() } else { 0.0 } }
