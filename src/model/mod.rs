@@ -50,7 +50,7 @@ pub use lora::{ALL_LINEAR, LoraConfig};
 pub use policy::{LoadOptions, Policy};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use tokenizer::Tokenizer;
-pub use train::{MicroBatch, MicroBatching, ScoreRequest};
+pub use train::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use trainer::{OptimizerConfig, PpoClip, Trainer};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,

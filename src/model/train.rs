@@ -355,18 +355,7 @@ struct Row {
 /// adapter share a row up to `max_tokens` tokens (more of them start another row);
 /// otherwise, one row each.
 fn rows(requests: &[ScoreRequest], max_tokens: usize, share: bool) -> Vec<Row> {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut by_prompt: HashMap<(&[i64], Option<&str>), usize> = HashMap::new();
-    for (i, r) in requests.iter().enumerate() {
-        let key = (r.prompt_ids.as_slice(), r.adapter.as_deref());
-        match by_prompt.get(&key) {
-            Some(&g) if share => groups[g].push(i),
-            _ => {
-                by_prompt.insert(key, groups.len());
-                groups.push(vec![i]);
-            }
-        }
-    }
+    let groups = if share { prompt_groups(requests) } else { (0..requests.len()).map(|i| vec![i]).collect() };
     let mut rows = Vec::new();
     for group in groups {
         let prompt = requests[group[0]].prompt_ids.len();
@@ -382,6 +371,21 @@ fn rows(requests: &[ScoreRequest], max_tokens: usize, share: bool) -> Vec<Row> {
         rows.push(row);
     }
     rows
+}
+
+/// The requests by prompt and adapter: indices of the requests that can share a row, in
+/// order of first appearance.
+pub fn prompt_groups(requests: &[ScoreRequest]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_prompt: HashMap<(&[i64], Option<&str>), usize> = HashMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        let g = *by_prompt.entry((&r.prompt_ids, r.adapter.as_deref())).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[g].push(i);
+    }
+    groups
 }
 
 /// Groups rows into micro-batches of at most `max_tokens` padded tokens (rows × longest),

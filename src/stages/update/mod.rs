@@ -41,14 +41,13 @@ mod checks;
 mod initialise;
 pub mod warm_start;
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use crate::algo::loss::ppo_clip_loss;
 use crate::config::RunConfig;
-use crate::model::{AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer};
+use crate::model::{AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer, prompt_groups};
 use crate::policies::{self, Resident};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, permutation, stream};
@@ -58,7 +57,7 @@ use crate::tables::{self, SampleRow, TurnRow, UpdateRow};
 use crate::validate::{Invalid, check};
 
 use super::inputs;
-use checks::{Sequence, TrainingSet};
+use checks::TrainingSet;
 pub use initialise::{check_fork, initialise};
 
 /// `update:` in a run's config.
@@ -385,7 +384,7 @@ fn train_ppo(
         })
         .collect();
     let epochs: Vec<Vec<usize>> =
-        (0..settings.epochs).map(|e| mini_batch_order(sequences, stream(&[settings.seed, u64::from(e)]))).collect();
+        (0..settings.epochs).map(|e| mini_batch_order(&requests, stream(&[settings.seed, u64::from(e)]))).collect();
     // Samples of the first step, whose own forward gives their old logprobs.
     let first_step = if settings.reuse_first_forward { epochs[0].len().min(settings.mini_batch) } else { 0 };
     let mut old = vec![Vec::new(); sequences.len()];
@@ -451,16 +450,8 @@ fn check_drift(set: &TrainingSet, settings: &PpoSettings, old: &[Vec<f32>]) -> R
 /// The order an epoch takes the samples in: the groups of samples with one prompt in a
 /// seeded random order, each group's samples together, so that a mini-batch holds whole
 /// groups (as verl's do) and forwards each shared prompt once.
-fn mini_batch_order(sequences: &[Sequence], seed: u64) -> Vec<usize> {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut by_prompt: HashMap<&[i64], usize> = HashMap::new();
-    for (i, s) in sequences.iter().enumerate() {
-        let g = *by_prompt.entry(&s.prompt).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[g].push(i);
-    }
+fn mini_batch_order(requests: &[ScoreRequest], seed: u64) -> Vec<usize> {
+    let mut groups = prompt_groups(requests);
     permutation(groups.len(), seed).into_iter().flat_map(|g| std::mem::take(&mut groups[g])).collect()
 }
 
@@ -540,19 +531,13 @@ mod tests {
 
     #[test]
     fn an_epoch_keeps_each_groups_samples_together() {
-        let sample = |prompt: i64| Sequence {
-            candidate_id: String::new(),
-            prompt: vec![prompt],
-            response: vec![1],
-            sampled: vec![0.0],
-            advantage: 0.0,
-        };
-        let sequences: Vec<Sequence> = [7, 8, 7, 9, 8, 7].into_iter().map(sample).collect();
+        let sample = |prompt: i64| ScoreRequest { prompt_ids: vec![prompt], response_ids: vec![1], adapter: None };
+        let sequences: Vec<ScoreRequest> = [7, 8, 7, 9, 8, 7].into_iter().map(sample).collect();
         let order = mini_batch_order(&sequences, 3);
         let mut sorted = order.clone();
         sorted.sort();
         assert_eq!(sorted, (0..6).collect::<Vec<_>>());
-        let prompts: Vec<i64> = order.iter().map(|&i| sequences[i].prompt[0]).collect();
+        let prompts: Vec<i64> = order.iter().map(|&i| sequences[i].prompt_ids[0]).collect();
         let runs = prompts.windows(2).filter(|w| w[0] != w[1]).count() + 1;
         assert_eq!(runs, 3, "one run per prompt: {prompts:?}");
         assert_eq!(order, mini_batch_order(&sequences, 3));
