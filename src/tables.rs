@@ -83,6 +83,8 @@ pub struct TurnRow {
     pub agent: String,
     pub policy: String,
     pub policy_version: u32,
+    /// Digest of the committed weights that sampled the row (the checkpoint's `weights_sha256`).
+    pub weights_sha256: String,
     pub branch: u32,
     pub node_id: u32,
     pub parent_id: Option<u32>,
@@ -340,6 +342,7 @@ mod tests {
             agent: "planner".into(),
             policy: "p".into(),
             policy_version: 3,
+            weights_sha256: "ab".repeat(32),
             branch: 1,
             node_id: 9,
             parent_id: None,

@@ -146,6 +146,7 @@ pub(crate) mod tests {
             agent: agent.into(),
             policy: "shared".into(),
             policy_version: 3,
+            weights_sha256: "ab".repeat(32),
             branch,
             node_id,
             parent_id: None,

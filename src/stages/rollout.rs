@@ -140,6 +140,7 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], candidates: &[Candidate], lo
                 agent: c.agent.to_string(),
                 policy: c.policy.clone(),
                 policy_version: loaded.member(&c.policy).map_or(0, |m| m.version),
+                weights_sha256: loaded.member(&c.policy).map_or_else(String::new, |m| m.weights_sha256.clone()),
                 branch: c.branch,
                 node_id: c.node_id,
                 parent_id: c.parent_id,

@@ -92,6 +92,8 @@ enum Tamper {
     WeightsHash,
     /// One turns row claims another version.
     RowVersion,
+    /// One turns row names the right version but other weights (an engine's stale copy).
+    RowWeights,
     /// The marker also names a turns part written under another iteration.
     ForeignPart,
     /// tool_p's sampled logprobs are 0.5 lower than its weights give.
@@ -118,6 +120,8 @@ fn turn_rows(loaded: &mut LoadedPolicies, config: &RunConfig, iteration: u32) ->
         }
     }
     for name in config.policies.keys() {
+        let digest = loaded.member(name).unwrap().weights_sha256.clone();
+        rows.iter_mut().filter(|r| &r.policy == name).for_each(|r| r.weights_sha256 = digest.clone());
         let (policy, adapter) = loaded.model(name).unwrap();
         let mine: Vec<usize> = (0..rows.len()).filter(|&i| &rows[i].policy == name).collect();
         let requests: Vec<ScoreRequest> = mine
@@ -156,6 +160,7 @@ fn turn(
         agent: agent.into(),
         policy: policy.into(),
         policy_version: iteration,
+        weights_sha256: String::new(),
         branch: branch as u32,
         node_id: branch as u32,
         parent_id: None,
@@ -197,6 +202,7 @@ async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
     match tamper {
         Tamper::WeightsHash => used.iter_mut().find(|u| u.policy == "tool_p").unwrap().weights_sha256 = "0".repeat(64),
         Tamper::RowVersion => rows[5].policy_version = iteration + 1,
+        Tamper::RowWeights => rows[6].weights_sha256 = "f".repeat(64),
         Tamper::Logprobs => rows
             .iter_mut()
             .filter(|r| r.policy == "tool_p")
@@ -495,6 +501,24 @@ fn update_refuses_a_row_of_another_version() {
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
     assert!(err.to_string().contains(&rows[5].candidate_id), "{err}");
+    assert_nothing_committed(&run, 0, None);
+}
+
+#[test]
+fn update_refuses_a_row_sampled_by_other_weights_than_its_version() {
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    let rows = block_on(rollout(&run, 0, Tamper::RowWeights));
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    match refusal(&err) {
+        update::Error::RowWeights { candidate_id, version: 0, found, expected, .. } => {
+            assert_eq!(candidate_id, &rows[6].candidate_id);
+            assert_eq!(found, &"f".repeat(64));
+            assert_eq!(expected.len(), 64);
+        }
+        _ => panic!("expected a weights refusal, got {err}"),
+    }
+    assert!(err.to_string().contains("nothing was written"), "{err}");
     assert_nothing_committed(&run, 0, None);
 }
 

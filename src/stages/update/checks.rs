@@ -141,7 +141,7 @@ fn current_version<'c>(
     })
 }
 
-/// Every turns row: a known policy the rollout recorded, sampled by its latest version.
+/// Every turns row: a known policy the rollout recorded, sampled by its latest version's weights.
 fn check_turns<'t>(
     current: &HashMap<&str, PolicyRef>,
     rollout: &[StoredMarker],
@@ -157,6 +157,16 @@ fn check_turns<'t>(
             return Err(Error::UnrecordedPolicy { policy: turn.policy.clone(), iteration });
         }
         check_version(Table::Turns, &turn.candidate_id, &turn.policy, turn.policy_version, expected, iteration)?;
+        if turn.weights_sha256 != expected.weights_sha256 {
+            return Err(Error::RowWeights {
+                policy: turn.policy.clone(),
+                iteration,
+                candidate_id: turn.candidate_id.clone(),
+                version: expected.version,
+                found: turn.weights_sha256.clone(),
+                expected: expected.weights_sha256.clone(),
+            });
+        }
         by_id.insert(turn.candidate_id.as_str(), turn);
     }
     Ok(by_id)

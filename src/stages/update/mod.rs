@@ -212,6 +212,13 @@ pub enum Error {
     )]
     RowVersion { policy: String, iteration: u32, table: Table, candidate_id: String, found: u32, expected: u32 },
 
+    #[error(
+        "refusing to update {policy:?} in iteration {iteration}: turns row {candidate_id} says it was sampled by \
+         weights {found:?}, but v{version} is {expected}; an engine sampled with other weights than the version \
+         it names; nothing was written"
+    )]
+    RowWeights { policy: String, iteration: u32, candidate_id: String, version: u32, found: String, expected: String },
+
     #[error("{table} row {candidate_id} names policy {policy:?}, which is not one of the run's policies")]
     UnknownPolicy { table: Table, candidate_id: String, policy: String },
 
