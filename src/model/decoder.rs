@@ -217,9 +217,21 @@ pub(crate) struct Pass<'a> {
     /// plain causal attention over unpadded rows.
     pub(crate) mask: Option<Tensor>,
     pub(crate) causal: bool,
-    /// Append this pass's keys and values to each block's cache and attend to all of it.
-    pub(crate) use_cache: bool,
+    /// Where this pass's keys and values go in each block's cache, if anywhere.
+    pub(crate) cache: CacheStep<'a>,
     pub(crate) route: &'a Route,
+}
+
+/// How a forward uses the blocks' caches ([`KvCache`]).
+pub(crate) enum CacheStep<'a> {
+    /// No cache: attend to this pass's own positions.
+    None,
+    /// Prefill: write the L new positions of slots `first..first + B` at columns
+    /// `offset..offset + L`, attend to those slots' columns `0..offset + L`.
+    Block { first: i64, offset: i64 },
+    /// Decode: write slot i's one new position at column `columns[i]` ((B,) int64),
+    /// attend to slots `0..B`, columns `0..span`.
+    Columns { columns: &'a Tensor, span: i64 },
 }
 
 #[derive(Debug)]
@@ -280,9 +292,19 @@ impl Attention {
         let key = apply_rotary(&key.transpose(1, 2), &pass.cos, &pass.sin);
         let value = value.transpose(1, 2);
         // 4. With the cache, attend to every position held so far: (B, K, S, D).
-        let (key, value) = if pass.use_cache { self.kv_cache.append(&key, &value) } else { (key, value) };
+        let (key, value) = match pass.cache {
+            CacheStep::None => (key, value),
+            CacheStep::Block { first, offset } => self.kv_cache.write_block(first, offset, &key, &value),
+            CacheStep::Columns { columns, span } => self.kv_cache.write_columns(columns, span, &key, &value),
+        };
         // 5. Scaled dot-product attention; K heads serve H/K query heads each (GQA).
         let causal = pass.causal && pass.mask.is_none() && l > 1;
+        let grouped = h != k;
+        let (key, value, grouped) = if grouped && expand_kv_for_mask(q.device(), pass.mask.is_some()) {
+            (repeat_kv(&key, h / k), repeat_kv(&value, h / k), false)
+        } else {
+            (key, value, grouped)
+        };
         let y = Tensor::scaled_dot_product_attention(
             &q,
             &key,
@@ -291,11 +313,28 @@ impl Attention {
             0.0,
             causal,
             Some(1.0 / (d as f64).sqrt()),
-            h != k,
+            grouped,
         );
         // 6. Heads back together: (B, L, H·D) → (B, L, E).
         self.o_proj.forward(&y.transpose(1, 2).reshape([b, l, h * d]), pass.route)
     }
+}
+
+/// Whether a masked grouped-query call should repeat K/V to every query head first.
+///
+/// On CUDA, SDPA's kernels that take a mask (memory-efficient, cuDNN) do not take
+/// `enable_gqa`, so a masked grouped call falls back to the math path (full score
+/// matrices); repeating K/V keeps it on a fused kernel. On CPU the flash kernel takes
+/// both, and repeating costs 10-20x (BENCHMARKS.md, "Attention call shape").
+fn expand_kv_for_mask(device: tch::Device, masked: bool) -> bool {
+    masked && device.is_cuda()
+}
+
+/// (B, K, S, D) → (B, K·n, S, D), each head repeated n times in place (as `enable_gqa`
+/// pairs query head i with key head i / n).
+fn repeat_kv(x: &Tensor, n: i64) -> Tensor {
+    let (b, k, s, d) = x.size4().expect("keys are (B, K, S, D)");
+    x.unsqueeze(2).expand([b, k, n, s, d], false).reshape([b, k * n, s, d])
 }
 
 // ---------------------------------------------------------------------------------------
@@ -408,18 +447,29 @@ impl CausalLm {
         }
     }
 
-    /// Sets the capacity each cache allocates at its first append.
-    pub(crate) fn reserve_kv_cache(&mut self, positions: i64) {
+    /// Sets the slots and columns each cache allocates at its first write.
+    pub(crate) fn reserve_kv_cache(&mut self, slots: i64, capacity: i64) {
         for layer in &mut self.model.layers {
-            layer.self_attn.kv_cache.reserve(positions);
+            layer.self_attn.kv_cache.reserve(slots, capacity);
         }
     }
 
-    /// Keeps only these batch rows in every cache.
-    pub(crate) fn select_kv_rows(&mut self, rows: &Tensor) {
+    /// Copies a slot's first `len` cached positions into another slot, in every cache.
+    pub(crate) fn copy_kv_slot(&mut self, from: i64, to: i64, len: i64) {
         for layer in &mut self.model.layers {
-            layer.self_attn.kv_cache.select_rows(rows);
+            layer.self_attn.kv_cache.copy_slot(from, to, len);
         }
+    }
+
+    /// Bytes held by every cache.
+    pub(crate) fn kv_cache_bytes(&self) -> u64 {
+        self.model.layers.iter().map(|l| l.self_attn.kv_cache.bytes()).sum()
+    }
+
+    /// Bytes one cached position takes in every layer together (keys and values).
+    pub(crate) fn kv_bytes_per_position(&self, kind: Kind) -> u64 {
+        let c = &self.config;
+        (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim) as u64 * kind.elt_size_in_bytes() as u64
     }
 
     /// Every linear layer, in HF key order, for attaching adapters.
@@ -443,5 +493,43 @@ impl EmbeddingRows for Tensor {
     /// Rows of a (V, E) table for (B, L) ids: (B, L, E).
     fn embedding_rows(&self, ids: &Tensor) -> Tensor {
         Tensor::embedding(self, ids, -1, false, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, grouped: bool) -> Tensor {
+        Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, false, None, grouped)
+    }
+
+    #[test]
+    fn masked_grouped_attention_equals_repeated_heads_and_each_row_unmasked_alone() {
+        tch::manual_seed(3);
+        let opts = (Kind::Float, tch::Device::Cpu);
+        // Decode shape: 3 rows, 6 query heads over 2 key heads, 7 cached columns.
+        let q = Tensor::randn([3, 6, 1, 8], opts);
+        let k = Tensor::randn([3, 2, 7, 8], opts);
+        let v = Tensor::randn([3, 2, 7, 8], opts);
+        let lens = [7i64, 4, 1];
+        let mask = Tensor::arange(7, (Kind::Int64, tch::Device::Cpu))
+            .view([1, 1, 1, 7])
+            .lt_tensor(&Tensor::from_slice(&lens).view([3, 1, 1, 1]));
+        let grouped = attend(&q, &k, &v, Some(&mask), true);
+        let repeated = attend(&q, &repeat_kv(&k, 3), &repeat_kv(&v, 3), Some(&mask), false);
+        assert!(grouped.allclose(&repeated, 1e-6, 1e-6, false));
+        for (row, &len) in lens.iter().enumerate() {
+            let (qr, kr, vr) = (q.narrow(0, row as i64, 1), k.narrow(0, row as i64, 1), v.narrow(0, row as i64, 1));
+            let alone = attend(&qr, &kr.narrow(2, 0, len), &vr.narrow(2, 0, len), None, true);
+            assert!(grouped.narrow(0, row as i64, 1).allclose(&alone, 1e-6, 1e-6, false), "row {row}");
+        }
+        let everything = Tensor::ones([3, 1, 1, 7], (Kind::Bool, tch::Device::Cpu));
+        assert!(attend(&q, &k, &v, Some(&everything), true).allclose(
+            &attend(&q, &k, &v, None, true),
+            1e-6,
+            1e-6,
+            false
+        ));
     }
 }

@@ -1,20 +1,31 @@
-//! Batched generation with a KV cache.
+//! Batched generation: a slot per running sequence, refilled as sequences finish.
 //!
 //! ```text
-//! prompts ─ left-pad ─► prefill (B, P) ─► logits_last ─► sample ─┐
-//!                                ▲                               │ append token; stop on
-//!                                └── decode step (B, 1) ◄────────┘ EOS / stop string / length
+//!  requests ─ one entry per distinct (prompt, adapter) ─► waiting
+//!                                                          │ admit while slots are free
+//!                                                          ▼
+//!  prefill each distinct prompt once, in chunks ─► copy its cache to its other branches
+//!                                                          │ sample each row's first token
+//!                                                          ▼
+//!  decode step: every running slot, one token ◄──┐  a finished row frees its slot,
+//!                                                 └─ which the next waiting prompt fills
 //! ```
 //!
-//! Prompts of different lengths are left-padded so every row's last prompt token sits
-//! in the last column. Padding is masked out of attention, and positions count only real
-//! tokens (`cumsum(mask) − 1`, as transformers' `generate`), so a padded row computes
-//! what it would compute alone. Rows that finish leave the batch (their cache rows are
-//! dropped), so the remaining steps cost only what is still running.
+//! Memory is bounded by [`KvBudget`]: the caches hold `slots × (longest prompt +
+//! max_new_tokens)` positions, with as many slots as the budget pays for, however many
+//! requests come in. A sequence's positions start at its slot's column 0, so prefill
+//! needs only the causal mask (prompts are right-padded; a real token never sees the
+//! padding after it) and a decode step masks each slot's columns past its own length.
+//! A row's sample depends only on its seed and its step, and each row computes what it
+//! would compute alone, so results do not depend on the budget, the admission order or
+//! the batch mates (up to float summation order).
+
+use std::collections::VecDeque;
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use super::decoder::Pass;
+use super::decoder::{CacheStep, Pass};
 use super::lora::Route;
 use super::policy::Policy;
 use super::sampler::{Sampler, Sampling};
@@ -30,6 +41,59 @@ pub struct GenerationRequest {
     pub adapter: Option<String>,
 }
 
+/// How much memory the key/value caches of one `generate` may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvBudget {
+    /// A share of the device's free memory when generation starts: a quarter of the
+    /// available RAM on CPU, 60% of the free GPU memory on CUDA.
+    #[default]
+    Auto,
+    Bytes(u64),
+}
+
+impl KvBudget {
+    /// From a config's `kv_cache_gib`: unset is [`KvBudget::Auto`].
+    pub fn from_gib(gib: Option<f64>) -> KvBudget {
+        gib.map_or(KvBudget::Auto, |g| KvBudget::Bytes((g * (1u64 << 30) as f64) as u64))
+    }
+
+    /// The budget in bytes on `device`.
+    pub fn bytes(self, device: Device) -> u64 {
+        match self {
+            KvBudget::Bytes(bytes) => bytes,
+            KvBudget::Auto => match device {
+                Device::Cuda(index) => cuda_free_bytes(index).map_or(FALLBACK_BUDGET, |free| free / 10 * 6),
+                _ => available_ram_bytes().map_or(FALLBACK_BUDGET, |available| available / 4),
+            },
+        }
+    }
+}
+
+/// The budget when the device's free memory cannot be read.
+const FALLBACK_BUDGET: u64 = 4 << 30;
+
+/// Prompt tokens one prefill forward takes at most (a longer prompt is prefilled in
+/// chunks): bounds the activations, whatever the number of requests.
+const PREFILL_TOKENS: usize = 2048;
+
+/// `MemAvailable` of /proc/meminfo.
+fn available_ram_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Free memory of a GPU, as `nvidia-smi` reports it (libtorch does not expose it).
+fn cuda_free_bytes(index: usize) -> Option<u64> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", &index.to_string()])
+        .output()
+        .ok()?;
+    let mib: u64 = String::from_utf8(out.stdout).ok()?.trim().parse().ok()?;
+    Some(mib << 20)
+}
+
 /// Settings shared by the requests of one call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationSettings {
@@ -42,6 +106,8 @@ pub struct GenerationSettings {
     pub stop_strings: Vec<String>,
     /// Ids that end a sequence; the config's `eos_token_id` when `None`.
     pub eos_token_ids: Option<Vec<i64>>,
+    /// Memory for the key/value caches.
+    pub kv_budget: KvBudget,
 }
 
 impl GenerationSettings {
@@ -52,6 +118,7 @@ impl GenerationSettings {
             min_new_tokens: 0,
             stop_strings: Vec::new(),
             eos_token_ids: None,
+            kv_budget: KvBudget::Auto,
         }
     }
 
@@ -88,13 +155,50 @@ pub struct Generation {
     pub finish_reason: FinishReason,
 }
 
-/// Bookkeeping of one sequence still in the batch.
-struct Running {
+/// Where the time and memory of one `generate` went.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct GenerationStats {
+    /// Sequences the caches held at once.
+    pub slots: usize,
+    /// Bytes of the key/value caches.
+    pub kv_cache_bytes: u64,
+    /// Prompt tokens prefilled (each distinct prompt once).
+    pub prefill_tokens: usize,
+    /// Rows that started from another row's prefilled prompt.
+    pub shared_prefills: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    /// Decode time with nothing waiting and fewer than half the slots running.
+    pub tail_seconds: f64,
+    pub decode_steps: usize,
+    pub generated_tokens: usize,
+}
+
+/// A distinct (prompt, adapter) and the requests still waiting to start from it.
+struct Waiting {
+    prompt: usize,
+    requests: VecDeque<usize>,
+}
+
+/// A running sequence; its slot is its index among the running rows.
+struct Row {
     request: usize,
+    /// Positions in its cache.
+    len: i64,
     tokens: Vec<i64>,
     logprobs: Vec<f32>,
-    /// Characters of decoded text already searched for stop strings.
-    searched: usize,
+}
+
+/// What stays fixed for one call.
+struct Call<'a> {
+    requests: &'a [GenerationRequest],
+    settings: &'a GenerationSettings,
+    adapters: Vec<Option<usize>>,
+    eos: Vec<i64>,
+    sampler: Sampler,
+    /// Tokens of the longest stop string, plus one: a stop string that the newest token
+    /// completes lies within that many last tokens.
+    stop_window: usize,
 }
 
 impl Policy {
@@ -104,6 +208,15 @@ impl Policy {
         requests: &[GenerationRequest],
         settings: &GenerationSettings,
     ) -> Result<Vec<Generation>> {
+        self.generate_with_stats(requests, settings).map(|(generations, _)| generations)
+    }
+
+    /// [`generate`](Policy::generate), with where its time and memory went.
+    pub fn generate_with_stats(
+        &mut self,
+        requests: &[GenerationRequest],
+        settings: &GenerationSettings,
+    ) -> Result<(Vec<Generation>, GenerationStats)> {
         let during = || {
             let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(0);
             format!(
@@ -112,17 +225,57 @@ impl Policy {
                 settings.max_new_tokens
             )
         };
-        super::guard(during, || tch::no_grad(|| self.generate_inner(requests, settings)))
+        let result = super::guard(during, || tch::no_grad(|| self.generate_inner(requests, settings)));
+        self.lm.clear_kv_cache();
+        result
     }
 
     fn generate_inner(
         &mut self,
         requests: &[GenerationRequest],
         settings: &GenerationSettings,
-    ) -> Result<Vec<Generation>> {
+    ) -> Result<(Vec<Generation>, GenerationStats)> {
+        let mut stats = GenerationStats::default();
         if requests.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), stats));
         }
+        let call = self.call(requests, settings)?;
+        let slots = self.reserve_slots(requests, settings)?;
+        stats.slots = slots;
+        let mut waiting = distinct_prompts(requests);
+        let mut running: Vec<Row> = Vec::with_capacity(slots);
+        let mut done: Vec<Option<Generation>> = vec![None; requests.len()];
+        loop {
+            let started = Instant::now();
+            let joined = self.admit(&call, &mut waiting, &mut running, slots, &mut stats);
+            if !joined.sources.is_empty() {
+                let logits = self.prefill(&call, &mut running, &joined);
+                self.sample_and_retire(&call, &logits, &mut running, joined.first, &mut done)?;
+                stats.prefill_seconds += started.elapsed().as_secs_f64();
+                stats.kv_cache_bytes = stats.kv_cache_bytes.max(self.lm.kv_cache_bytes());
+                continue;
+            }
+            if running.is_empty() {
+                break;
+            }
+            let started = Instant::now();
+            let tail = waiting.is_empty() && running.len() * 2 < slots;
+            let logits = self.decode_step(&call, &mut running);
+            self.sample_and_retire(&call, &logits, &mut running, 0, &mut done)?;
+            let seconds = started.elapsed().as_secs_f64();
+            stats.decode_seconds += seconds;
+            stats.decode_steps += 1;
+            if tail {
+                stats.tail_seconds += seconds;
+            }
+        }
+        let generations: Vec<Generation> = done.into_iter().map(|g| g.expect("every request finishes")).collect();
+        stats.generated_tokens = generations.iter().map(|g| g.token_ids.len()).sum();
+        Ok((generations, stats))
+    }
+
+    /// Checks the requests and settles what every step needs.
+    fn call<'a>(&self, requests: &'a [GenerationRequest], settings: &'a GenerationSettings) -> Result<Call<'a>> {
         if let Some(r) = requests.iter().find(|r| r.prompt_ids.is_empty()) {
             return Err(Error::Request { reason: format!("request with seed {} has an empty prompt", r.seed) });
         }
@@ -132,155 +285,284 @@ impl Policy {
                 reason: format!("prompt token id {id} is outside the vocabulary (size {vocab})"),
             });
         }
-        if !settings.stop_strings.is_empty() {
-            self.require_tokenizer()?;
-        }
-        let request_slots: Vec<Option<usize>> = requests
+        let stop_window = match settings.stop_strings.iter().map(String::len).max() {
+            None => 0,
+            // Every token of a byte-level vocabulary is at least one byte.
+            Some(bytes) => {
+                self.require_tokenizer()?;
+                bytes + 1
+            }
+        };
+        let adapters = requests
             .iter()
             .map(|r| r.adapter.as_deref().map(|n| self.adapter_slot(n)).transpose())
             .collect::<Result<_>>()?;
-        let eos: Vec<i64> = settings.eos_token_ids.clone().unwrap_or_else(|| self.lm.config.eos_token_ids.clone());
-        let device = self.device();
-        let kind = self.kind();
-        let sampler = Sampler::new(settings.sampling);
+        Ok(Call {
+            requests,
+            settings,
+            adapters,
+            eos: settings.eos_token_ids.clone().unwrap_or_else(|| self.lm.config.eos_token_ids.clone()),
+            sampler: Sampler::new(settings.sampling),
+            stop_window,
+        })
+    }
 
-        // 1. Left-pad: (B, P) ids and the mask of real tokens.
-        let p = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(0);
-        let pad = self.pad_id();
-        let rows: Vec<Vec<i64>> = requests
-            .iter()
-            .map(|r| std::iter::repeat_n(pad, p - r.prompt_ids.len()).chain(r.prompt_ids.iter().copied()).collect())
-            .collect();
-        let valid: Vec<Vec<bool>> =
-            requests.iter().map(|r| (0..p).map(|j| j >= p - r.prompt_ids.len()).collect()).collect();
-        let padded = requests.iter().any(|r| r.prompt_ids.len() < p);
-        let mut key_valid = bool_tensor(&valid, device); // (B, S)
-        let input = self.ids_tensor(&rows);
-        // Positions of real tokens count from 0; padding gets 1 (never attended to).
-        let mut positions = (key_valid.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0); // (B, P)
+    /// Sizes the caches from the budget: as many slots as it pays for, at most one per request.
+    fn reserve_slots(&mut self, requests: &[GenerationRequest], settings: &GenerationSettings) -> Result<usize> {
+        let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(0);
+        let capacity = (longest + settings.max_new_tokens) as u64;
+        let per_slot = capacity * self.lm.kv_bytes_per_position(self.kind());
+        let budget = settings.kv_budget.bytes(self.device());
+        let slots = (budget / per_slot).min(requests.len() as u64) as usize;
+        if slots == 0 {
+            return Err(Error::Request {
+                reason: format!(
+                    "the key/value cache budget of {budget} bytes holds no sequence: one of {longest} prompt + {} new \
+                     tokens needs {per_slot} bytes (raise kv_cache_gib or lower max_new_tokens)",
+                    settings.max_new_tokens
+                ),
+            });
+        }
+        self.lm.reserve_kv_cache(slots as i64, capacity as i64);
+        Ok(slots)
+    }
 
-        // 2. Prefill.
-        self.lm.clear_kv_cache();
-        self.lm.reserve_kv_cache((p + settings.max_new_tokens) as i64);
-        let route = Route::new(&request_slots, device, None);
-        let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
-        let mask = padded.then(|| prefill_mask(&key_valid));
-        let pass = Pass { cos, sin, mask, causal: true, use_cache: true, route: &route };
-        let mut logits = self.lm.logits_last(&input, &pass); // (B, V)
-
-        // 3. Decode until every row has finished.
-        let mut running: Vec<Running> = (0..requests.len())
-            .map(|i| Running { request: i, tokens: Vec::new(), logprobs: Vec::new(), searched: 0 })
-            .collect();
-        let mut done: Vec<Option<Generation>> = vec![None; requests.len()];
-        let mut route = route;
-        let mut step = 0usize;
-        loop {
-            let seeds: Vec<u64> = running.iter().map(|r| requests[r.request].seed).collect();
-            let steps = vec![step as u64; running.len()];
-            let banned: &[i64] = if step < settings.min_new_tokens { &eos } else { &[] };
-            let (tokens, logprobs) = sampler.sample(&logits, &seeds, &steps, banned);
-            step += 1;
-            let mut keep = Vec::with_capacity(running.len());
-            for (row, (token, logprob)) in tokens.iter().zip(&logprobs).enumerate() {
-                let run = &mut running[row];
-                run.tokens.push(*token);
-                run.logprobs.push(*logprob);
-                let finish = if eos.contains(token) {
-                    Some(FinishReason::Eos)
-                } else if self.hit_stop_string(run, &settings.stop_strings)? {
-                    Some(FinishReason::Stop)
-                } else if run.tokens.len() >= settings.max_new_tokens {
-                    Some(FinishReason::Length)
-                } else {
-                    None
-                };
-                match finish {
-                    Some(reason) => done[run.request] = Some(self.finish(run, reason)?),
-                    None => keep.push(row),
-                }
-            }
-            if keep.is_empty() {
+    /// Moves waiting requests into free slots, each distinct prompt's branches together:
+    /// the first branch of each prompt in one run of slots (what is prefilled), the other
+    /// branches after them. A prompt with more branches than free slots waits, unless
+    /// nothing runs, when it takes what is free.
+    fn admit(
+        &self,
+        call: &Call,
+        waiting: &mut VecDeque<Waiting>,
+        running: &mut Vec<Row>,
+        slots: usize,
+        stats: &mut GenerationStats,
+    ) -> Joined {
+        let mut free = slots - running.len();
+        let mut firsts = Vec::new();
+        let mut others = Vec::new();
+        let mut longest = 0;
+        for w in waiting.iter_mut() {
+            let len = call.requests[w.prompt].prompt_ids.len();
+            let over_prefill = !firsts.is_empty() && (firsts.len() + 1) * longest.max(len) > PREFILL_TOKENS;
+            let alone = running.is_empty() && firsts.is_empty();
+            if free == 0 || over_prefill || !(w.requests.len() <= free || alone) {
                 break;
             }
-            // Rows that finished leave the batch: cache, masks, routing and bookkeeping.
-            let mut next: Vec<i64> = keep.iter().map(|&row| tokens[row]).collect();
-            if keep.len() < running.len() {
-                let rows = Tensor::from_slice(&keep.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(device);
-                self.lm.select_kv_rows(&rows);
-                key_valid = key_valid.index_select(0, &rows);
-                positions = positions.index_select(0, &rows);
-                let mut kept = Vec::with_capacity(keep.len());
-                for (row, run) in running.drain(..).enumerate() {
-                    if keep.contains(&row) {
-                        kept.push(run);
-                    }
-                }
-                running = kept;
-                let slots: Vec<Option<usize>> = running.iter().map(|r| request_slots[r.request]).collect();
-                route = Route::new(&slots, device, None);
-            }
-            // One new position per row: the next real position, attending to every real key.
-            let b = running.len() as i64;
-            key_valid = Tensor::cat(&[&key_valid, &Tensor::ones([b, 1], (Kind::Bool, device))], 1);
-            positions = positions.narrow(1, positions.size()[1] - 1, 1) + 1;
-            let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
-            let mask = padded.then(|| key_valid.view([b, 1, 1, -1]));
-            let pass = Pass { cos, sin, mask, causal: false, use_cache: true, route: &route };
-            let input = Tensor::from_slice(&next).view([b, 1]).to_device(device);
-            next.clear();
-            logits = self.lm.logits_last(&input, &pass);
+            let take = w.requests.len().min(free);
+            free -= take;
+            longest = longest.max(len);
+            let source = firsts.len();
+            firsts.push(w.requests.pop_front().expect("a waiting prompt has requests"));
+            others.extend(w.requests.drain(..take - 1).map(|r| (r, source)));
+            stats.prefill_tokens += len;
+            stats.shared_prefills += take - 1;
         }
-        self.lm.clear_kv_cache();
-        Ok(done.into_iter().map(|g| g.expect("every request finishes")).collect())
+        waiting.retain(|w| !w.requests.is_empty());
+        let joined = Joined {
+            first: running.len(),
+            distinct: firsts.len(),
+            sources: (0..firsts.len()).chain(others.iter().map(|&(_, s)| s)).collect(),
+        };
+        for request in firsts.into_iter().chain(others.into_iter().map(|(r, _)| r)) {
+            running.push(Row { request, len: 0, tokens: Vec::new(), logprobs: Vec::new() });
+        }
+        joined
     }
 
-    /// Decodes the new tail of a row's text and looks for a stop string in it.
-    fn hit_stop_string(&self, run: &mut Running, stops: &[String]) -> Result<bool> {
-        if stops.is_empty() {
+    /// Prefills the distinct prompts of the rows that joined and copies each one's cache
+    /// to its other branches; returns every joined row's next-token logits, (joined, V).
+    fn prefill(&mut self, call: &Call, running: &mut [Row], joined: &Joined) -> Tensor {
+        let rows = &mut running[joined.first..];
+        for row in rows.iter_mut() {
+            row.len = call.requests[row.request].prompt_ids.len() as i64;
+        }
+        let distinct = &rows[..joined.distinct];
+        let prompts: Vec<&[i64]> = distinct.iter().map(|r| call.requests[r.request].prompt_ids.as_slice()).collect();
+        let adapters: Vec<Option<usize>> = distinct.iter().map(|r| call.adapters[r.request]).collect();
+        let last_hidden = self.prefill_prompts(&prompts, &adapters, joined.first as i64);
+        for (k, &source) in joined.sources.iter().enumerate().skip(joined.distinct) {
+            let (from, to) = (joined.first + source, joined.first + k);
+            self.lm.copy_kv_slot(from as i64, to as i64, rows[k].len);
+        }
+        let logits = self.lm.head(&last_hidden);
+        let sources: Vec<i64> = joined.sources.iter().map(|&s| s as i64).collect();
+        logits.index_select(0, &Tensor::from_slice(&sources).to_device(logits.device()))
+    }
+
+    /// Runs right-padded prompts through the model into slots `first..`, at most
+    /// [`PREFILL_TOKENS`] per forward; returns each prompt's last hidden state, (B, E).
+    fn prefill_prompts(&mut self, prompts: &[&[i64]], adapters: &[Option<usize>], first: i64) -> Tensor {
+        let device = self.device();
+        let kind = self.kind();
+        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+        let pad = self.pad_id();
+        let ids: Vec<Vec<i64>> = prompts
+            .iter()
+            .map(|p| p.iter().copied().chain(std::iter::repeat_n(pad, longest - p.len())).collect())
+            .collect();
+        let route = Route::new(adapters, device, None);
+        let chunk = (PREFILL_TOKENS / prompts.len()).max(1);
+        let mut last: Vec<Option<Tensor>> = (0..prompts.len()).map(|_| None).collect();
+        for offset in (0..longest).step_by(chunk) {
+            let l = chunk.min(longest - offset);
+            let input: Vec<Vec<i64>> = ids.iter().map(|row| row[offset..offset + l].to_vec()).collect();
+            let positions =
+                Tensor::arange_start(offset as i64, (offset + l) as i64, (Kind::Int64, device)).unsqueeze(0);
+            let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
+            // The first chunk is plain causal attention; a later one sees every earlier column.
+            let mask = (offset > 0).then(|| chunk_mask(offset as i64, l as i64, device));
+            let cache = CacheStep::Block { first, offset: offset as i64 };
+            let pass = Pass { cos, sin, mask, causal: true, cache, route: &route };
+            let hidden = self.lm.hidden(&self.ids_tensor(&input), &pass);
+            for (i, p) in prompts.iter().enumerate() {
+                if (offset..offset + l).contains(&(p.len() - 1)) {
+                    last[i] = Some(hidden.get(i as i64).get((p.len() - 1 - offset) as i64));
+                }
+            }
+        }
+        Tensor::stack(&last.into_iter().map(|t| t.expect("every prompt ends in a chunk")).collect::<Vec<_>>(), 0)
+    }
+
+    /// Feeds every running row its last sampled token; returns the next-token logits, (n, V).
+    fn decode_step(&mut self, call: &Call, running: &mut [Row]) -> Tensor {
+        let device = self.device();
+        let n = running.len() as i64;
+        let lens: Vec<i64> = running.iter().map(|r| r.len).collect();
+        let next: Vec<i64> = running.iter().map(|r| *r.tokens.last().expect("a running row has sampled")).collect();
+        let columns = Tensor::from_slice(&lens).to_device(device);
+        let span = lens.iter().max().copied().unwrap_or(0) + 1;
+        // Rows of equal length attend to every column; otherwise each only to its own.
+        let mask = lens.iter().any(|&l| l != lens[0]).then(|| {
+            Tensor::arange(span, (Kind::Int64, device)).view([1, 1, 1, span]).le_tensor(&columns.view([n, 1, 1, 1]))
+        });
+        let (cos, sin) = self.lm.model.rotary.cos_sin(&columns.view([n, 1]), self.kind());
+        let slots: Vec<Option<usize>> = running.iter().map(|r| call.adapters[r.request]).collect();
+        let route = Route::new(&slots, device, None);
+        let pass = Pass {
+            cos,
+            sin,
+            mask,
+            causal: false,
+            cache: CacheStep::Columns { columns: &columns, span },
+            route: &route,
+        };
+        let logits = self.lm.logits_last(&Tensor::from_slice(&next).view([n, 1]).to_device(device), &pass);
+        for row in running.iter_mut() {
+            row.len += 1;
+        }
+        logits
+    }
+
+    /// Samples the next token of rows `first..` from their logits, then retires the rows
+    /// that finished: each one's slot takes the last running row (and its cache).
+    fn sample_and_retire(
+        &mut self,
+        call: &Call,
+        logits: &Tensor,
+        running: &mut Vec<Row>,
+        first: usize,
+        done: &mut [Option<Generation>],
+    ) -> Result<()> {
+        let rows = &running[first..];
+        let seeds: Vec<u64> = rows.iter().map(|r| call.requests[r.request].seed).collect();
+        let steps: Vec<u64> = rows.iter().map(|r| r.tokens.len() as u64).collect();
+        let banned: Vec<(usize, i64)> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.tokens.len() < call.settings.min_new_tokens)
+            .flat_map(|(i, _)| call.eos.iter().map(move |&id| (i, id)))
+            .collect();
+        let (tokens, logprobs) = call.sampler.sample(logits, &seeds, &steps, &banned);
+        let mut finished = Vec::new();
+        for (i, (token, logprob)) in tokens.into_iter().zip(logprobs).enumerate() {
+            let slot = first + i;
+            let row = &mut running[slot];
+            row.tokens.push(token);
+            row.logprobs.push(logprob);
+            if let Some(reason) = self.finish_reason(call, row)? {
+                done[row.request] = Some(self.finish(row, reason)?);
+                finished.push(slot);
+            }
+        }
+        // Highest slot first, so that the row moved into a freed slot is still running.
+        for &slot in finished.iter().rev() {
+            let last = running.len() - 1;
+            if slot != last {
+                self.lm.copy_kv_slot(last as i64, slot as i64, running[last].len);
+            }
+            running.swap_remove(slot);
+        }
+        Ok(())
+    }
+
+    fn finish_reason(&self, call: &Call, row: &Row) -> Result<Option<FinishReason>> {
+        let token = *row.tokens.last().expect("a token was just pushed");
+        Ok(if call.eos.contains(&token) {
+            Some(FinishReason::Eos)
+        } else if self.hit_stop_string(call, &row.tokens)? {
+            Some(FinishReason::Stop)
+        } else if row.tokens.len() >= call.settings.max_new_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        })
+    }
+
+    /// Whether the newest tokens' text contains a stop string: only the last
+    /// `stop_window` tokens are decoded, so a check costs the same at every length.
+    fn hit_stop_string(&self, call: &Call, tokens: &[i64]) -> Result<bool> {
+        if call.stop_window == 0 {
             return Ok(false);
         }
-        let text = self.require_tokenizer()?.decode(&run.tokens, false)?;
-        let longest = stops.iter().map(String::len).max().unwrap_or(0);
-        // A stop string may straddle tokens: search from `longest` bytes before the new text.
-        let mut from = run.searched.saturating_sub(longest);
-        while !text.is_char_boundary(from) {
-            from -= 1;
-        }
-        let hit = stops.iter().any(|s| text[from..].contains(s.as_str()));
-        // The last character may still change as more bytes of it arrive.
-        run.searched = text.len().saturating_sub(4);
-        Ok(hit)
+        let tail = &tokens[tokens.len().saturating_sub(call.stop_window)..];
+        let text = self.require_tokenizer()?.decode(tail, false)?;
+        Ok(call.settings.stop_strings.iter().any(|s| text.contains(s.as_str())))
     }
 
-    fn finish(&self, run: &mut Running, reason: FinishReason) -> Result<Generation> {
+    fn finish(&self, row: &mut Row, reason: FinishReason) -> Result<Generation> {
         let text = match &self.tokenizer {
-            Some(t) => t.decode(&run.tokens, true)?,
+            Some(t) => t.decode(&row.tokens, true)?,
             None => String::new(),
         };
         Ok(Generation {
-            token_ids: std::mem::take(&mut run.tokens),
+            token_ids: std::mem::take(&mut row.tokens),
             text,
-            logprobs: std::mem::take(&mut run.logprobs),
+            logprobs: std::mem::take(&mut row.logprobs),
             finish_reason: reason,
         })
     }
 }
 
-/// (B, S) booleans as a tensor.
-fn bool_tensor(rows: &[Vec<bool>], device: Device) -> Tensor {
-    let s = rows.first().map_or(0, Vec::len) as i64;
-    let flat: Vec<bool> = rows.iter().flatten().copied().collect();
-    Tensor::from_slice(&flat).reshape([rows.len() as i64, s]).to_device(device)
+/// The rows that joined in one admission: slots `first..first + sources.len()`, the
+/// first `distinct` of them the prompts to prefill; row k copies prompt `sources[k]`.
+struct Joined {
+    first: usize,
+    distinct: usize,
+    sources: Vec<usize>,
 }
 
-/// Prefill mask (B, 1, P, P): causal, real keys only; each padding query sees itself so
-/// that no row of the softmax is empty (its output is never used).
-pub(crate) fn prefill_mask(key_valid: &Tensor) -> Tensor {
-    let (b, p) = key_valid.size2().expect("(B, P) mask");
-    let device = key_valid.device();
-    let causal = Tensor::ones([p, p], (Kind::Bool, device)).tril(0);
-    let eye = Tensor::eye(p, (Kind::Bool, device));
-    let keys = key_valid.view([b, 1, 1, p]);
-    causal.logical_and(&keys).logical_or(&eye)
+/// The requests grouped by (prompt, adapter), in order of first appearance.
+fn distinct_prompts(requests: &[GenerationRequest]) -> VecDeque<Waiting> {
+    let mut waiting: Vec<Waiting> = Vec::new();
+    let mut index: std::collections::HashMap<(&[i64], Option<&str>), usize> = std::collections::HashMap::new();
+    for (i, r) in requests.iter().enumerate() {
+        let key = (r.prompt_ids.as_slice(), r.adapter.as_deref());
+        match index.get(&key) {
+            Some(&w) => waiting[w].requests.push_back(i),
+            None => {
+                index.insert(key, waiting.len());
+                waiting.push(Waiting { prompt: i, requests: VecDeque::from([i]) });
+            }
+        }
+    }
+    waiting.into()
+}
+
+/// (1, 1, L, offset + L) mask of a prefill chunk at `offset`: query i sees columns ≤ offset + i.
+fn chunk_mask(offset: i64, l: i64, device: Device) -> Tensor {
+    let keys = Tensor::arange(offset + l, (Kind::Int64, device)).view([1, -1]);
+    let queries = Tensor::arange_start(offset, offset + l, (Kind::Int64, device)).view([-1, 1]);
+    keys.le_tensor(&queries).view([1, 1, l, offset + l])
 }

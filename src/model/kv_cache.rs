@@ -1,72 +1,84 @@
-//! The key/value cache of one attention block.
+//! The key/value cache of one attention block, as fixed slots the sampler fills and frees.
 //!
-//! Keys and values are (B, H_kv, S, D). Appending writes into a preallocated buffer that
-//! grows by doubling, so a decode step costs one small copy instead of re-concatenating
-//! the whole cache (what makes transformers' `DynamicCache` slow on CPU).
+//! Keys and values are (slots, H_kv, capacity, D), allocated once per generation from the
+//! memory budget. Every sequence owns one slot and its positions start at column 0, so a
+//! sequence's cache is its own columns `0..len` and nothing is padded on the left:
+//!
+//! ```text
+//!  slot 0  [p p p p g g g . . .]   p: prompt, g: generated, .: free (masked out)
+//!  slot 1  [p p g . . . . . . .]
+//!  slot 2  [p p p p p p g g g .]
+//! ```
+//!
+//! Prefill writes a block of columns for a run of slots; a decode step writes one column
+//! per slot, each at its own length. A finished sequence's slot is refilled by moving the
+//! last running slot into it (one slot's columns, not the whole cache), so the running
+//! slots stay `0..n` and every forward works on views.
 
 use tch::Tensor;
 
 #[derive(Debug, Default)]
 pub struct KvCache {
-    /// (B, H_kv, capacity, D) buffers; `None` until the first append.
+    /// (slots, H_kv, capacity, D) buffers; `None` until the first write.
     buffers: Option<(Tensor, Tensor)>,
-    /// Filled positions along dim 2.
-    len: i64,
-    /// Capacity to allocate at the first append, when larger than what it needs.
-    reserve: i64,
+    /// (slots, capacity) the first write allocates.
+    shape: (i64, i64),
 }
 
 impl KvCache {
-    /// Positions held.
-    pub fn len(&self) -> i64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Sets the capacity the first append allocates (the sampler knows prompt + new tokens).
-    pub fn reserve(&mut self, positions: i64) {
-        self.reserve = positions;
+    /// Sets the slots and columns the first write allocates.
+    pub fn reserve(&mut self, slots: i64, capacity: i64) {
+        self.buffers = None;
+        self.shape = (slots, capacity);
     }
 
     pub fn clear(&mut self) {
-        self.buffers = None;
-        self.len = 0;
-        self.reserve = 0;
+        *self = KvCache::default();
     }
 
-    /// Appends (B, H_kv, L, D) keys and values; returns views of everything held, (B, H_kv, S, D).
-    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let add = k.size()[2];
-        let needed = self.len + add;
-        let capacity = self.buffers.as_ref().map_or(0, |(b, _)| b.size()[2]);
-        if needed > capacity {
-            let new_capacity = needed.max(self.reserve).max(capacity * 2);
-            let mut size = k.size();
-            size[2] = new_capacity;
-            let grow = |old: Option<&Tensor>, like: &Tensor| {
-                let buffer = Tensor::zeros(size.as_slice(), (like.kind(), like.device()));
-                if let Some(old) = old {
-                    buffer.narrow(2, 0, self.len).copy_(&old.narrow(2, 0, self.len));
-                }
-                buffer
-            };
-            let (kb, vb) = (grow(self.buffers.as_ref().map(|b| &b.0), k), grow(self.buffers.as_ref().map(|b| &b.1), v));
-            self.buffers = Some((kb, vb));
-        }
-        let (kb, vb) = self.buffers.as_ref().expect("allocated above");
-        kb.narrow(2, self.len, add).copy_(k);
-        vb.narrow(2, self.len, add).copy_(v);
-        self.len = needed;
-        (kb.narrow(2, 0, self.len), vb.narrow(2, 0, self.len))
+    /// Bytes held by the buffers.
+    pub fn bytes(&self) -> u64 {
+        self.buffers.as_ref().map_or(0, |(k, v)| ((k.numel() + v.numel()) * k.kind().elt_size_in_bytes()) as u64)
     }
 
-    /// Keeps only the given batch rows (finished sequences leave the batch).
-    pub fn select_rows(&mut self, rows: &Tensor) {
-        if let Some((k, v)) = self.buffers.take() {
-            self.buffers = Some((k.index_select(0, rows), v.index_select(0, rows)));
+    fn buffers_like(&mut self, k: &Tensor) -> &(Tensor, Tensor) {
+        let (slots, capacity) = self.shape;
+        self.buffers.get_or_insert_with(|| {
+            let size = [slots, k.size()[1], capacity, k.size()[3]];
+            let zeros = || Tensor::zeros(size, (k.kind(), k.device()));
+            (zeros(), zeros())
+        })
+    }
+
+    /// Writes (m, H_kv, L, D) keys and values into slots `first..first + m` at columns
+    /// `offset..offset + L`; returns those slots' columns `0..offset + L`.
+    pub fn write_block(&mut self, first: i64, offset: i64, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let (m, l) = (k.size()[0], k.size()[2]);
+        let (kb, vb) = self.buffers_like(k);
+        let (kb, vb) = (kb.narrow(0, first, m), vb.narrow(0, first, m));
+        kb.narrow(2, offset, l).copy_(k);
+        vb.narrow(2, offset, l).copy_(v);
+        (kb.narrow(2, 0, offset + l), vb.narrow(2, 0, offset + l))
+    }
+
+    /// Writes one (n, H_kv, 1, D) column per slot `0..n`, slot i at column `columns[i]`
+    /// ((n,) int64); returns slots `0..n`, columns `0..span`.
+    pub fn write_columns(&mut self, columns: &Tensor, span: i64, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let n = k.size()[0];
+        let index = columns.view([n, 1, 1, 1]).expand(k.size(), false);
+        let (kb, vb) = self.buffers_like(k);
+        let (mut kb, mut vb) = (kb.narrow(0, 0, n), vb.narrow(0, 0, n));
+        let _ = kb.scatter_(2, &index, k);
+        let _ = vb.scatter_(2, &index, v);
+        (kb.narrow(2, 0, span), vb.narrow(2, 0, span))
+    }
+
+    /// Copies columns `0..len` of slot `from` into slot `to`.
+    pub fn copy_slot(&mut self, from: i64, to: i64, len: i64) {
+        if let Some((k, v)) = &self.buffers {
+            for b in [k, v] {
+                b.get(to).narrow(1, 0, len).copy_(&b.get(from).narrow(1, 0, len));
+            }
         }
     }
 }
@@ -76,37 +88,30 @@ mod tests {
     use super::*;
     use tch::{Device, Kind};
 
-    #[test]
-    fn appends_grow_past_the_capacity_and_keep_the_order() {
-        let mut cache = KvCache::default();
-        cache.reserve(3);
-        let step = |i: i64| Tensor::full([1, 1, 1, 2], i as f64, (Kind::Float, Device::Cpu));
-        for i in 0..5 {
-            let (k, v) = cache.append(&step(i), &step(10 + i));
-            assert_eq!(k.size(), vec![1, 1, i + 1, 2]);
-            assert_eq!(v.double_value(&[0, 0, i, 1]), (10 + i) as f64);
-        }
-        let (k, _) = cache.append(
-            &Tensor::zeros([1, 1, 0, 2], (Kind::Float, Device::Cpu)),
-            &Tensor::zeros([1, 1, 0, 2], (Kind::Float, Device::Cpu)),
-        );
-        let firsts: Vec<f64> = (0..5).map(|i| k.double_value(&[0, 0, i, 0])).collect();
-        assert_eq!(firsts, vec![0.0, 1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(cache.len(), 5);
-        cache.clear();
-        assert!(cache.is_empty());
+    fn filled(size: [i64; 4], value: f64) -> Tensor {
+        Tensor::full(size, value, (Kind::Float, Device::Cpu))
     }
 
     #[test]
-    fn selecting_rows_keeps_those_rows() {
+    fn blocks_and_columns_land_in_their_slots_and_columns() {
         let mut cache = KvCache::default();
-        let kv = Tensor::arange(3, (Kind::Float, Device::Cpu)).reshape([3, 1, 1, 1]);
-        let _ = cache.append(&kv, &kv);
-        cache.select_rows(&Tensor::from_slice(&[2i64, 0]));
-        let (k, _) = cache.append(
-            &Tensor::zeros([2, 1, 1, 1], (Kind::Float, Device::Cpu)),
-            &Tensor::zeros([2, 1, 1, 1], (Kind::Float, Device::Cpu)),
-        );
-        assert_eq!((k.double_value(&[0, 0, 0, 0]), k.double_value(&[1, 0, 0, 0])), (2.0, 0.0));
+        cache.reserve(3, 6);
+        // Slots 1 and 2 get a 3-column block at offset 0, then one more column at 3.
+        let (k, _) = cache.write_block(1, 0, &filled([2, 1, 3, 2], 1.0), &filled([2, 1, 3, 2], -1.0));
+        assert_eq!(k.size(), vec![2, 1, 3, 2]);
+        let (k, v) = cache.write_block(1, 3, &filled([2, 1, 1, 2], 2.0), &filled([2, 1, 1, 2], -2.0));
+        assert_eq!((k.size(), v.double_value(&[1, 0, 3, 0])), (vec![2, 1, 4, 2], -2.0));
+        // Slot 0 copies slot 2's four columns; then each slot writes its own next column.
+        cache.copy_slot(2, 0, 4);
+        let columns = Tensor::from_slice(&[4i64, 5, 4]);
+        let step = Tensor::arange(3, (Kind::Float, Device::Cpu)).view([3, 1, 1, 1]).expand([3, 1, 1, 2], false) + 10.0;
+        let (k, _) = cache.write_columns(&columns, 6, &step, &step);
+        let at = |slot: i64, col: i64| k.double_value(&[slot, 0, col, 1]);
+        assert_eq!((at(0, 0), at(0, 3), at(0, 4)), (1.0, 2.0, 10.0));
+        assert_eq!((at(1, 4), at(1, 5)), (0.0, 11.0));
+        assert_eq!((at(2, 3), at(2, 4), at(2, 5)), (2.0, 12.0, 0.0));
+        assert_eq!(cache.bytes(), 2 * 3 * 6 * 2 * 4);
+        cache.clear();
+        assert_eq!(cache.bytes(), 0);
     }
 }

@@ -44,7 +44,7 @@ pub use checkpoint::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, CheckpointMeta, 
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use decoder::CausalLm;
 pub use device::{DType, Device};
-pub use generate::{FinishReason, Generation, GenerationRequest, GenerationSettings};
+pub use generate::{FinishReason, Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget};
 pub use kv_cache::KvCache;
 pub use lora::{ALL_LINEAR, LoraConfig};
 pub use policy::{LoadOptions, Policy};
@@ -85,6 +85,8 @@ pub enum Error {
     Request { reason: String },
     #[error("libtorch: {context}: {source}")]
     Torch { context: String, source: tch::TchError },
+    #[error("{reason}")]
+    Device { reason: String },
     #[error("out of memory while {during}: {detail}")]
     OutOfMemory { during: String, detail: String },
 }

@@ -80,16 +80,26 @@ impl Sampler {
         Sampler { sampling }
     }
 
-    /// logits (B, V); row i draws from stream `seeds[i]` at counter `steps[i]`. Tokens set
-    /// in `banned` (e.g. EOS before a minimum length) get no probability. Returns each
-    /// row's token and its logprob under the unmodified distribution.
-    pub fn sample(&self, logits: &Tensor, seeds: &[u64], steps: &[u64], banned: &[i64]) -> (Vec<i64>, Vec<f32>) {
+    /// logits (B, V); row i draws from stream `seeds[i]` at counter `steps[i]`. The
+    /// (row, token) pairs in `banned` (e.g. EOS before a row's minimum length) get no
+    /// probability. Returns each row's token and its logprob under the unmodified
+    /// distribution.
+    pub fn sample(
+        &self,
+        logits: &Tensor,
+        seeds: &[u64],
+        steps: &[u64],
+        banned: &[(usize, i64)],
+    ) -> (Vec<i64>, Vec<f32>) {
         let logits = logits.to_kind(Kind::Float);
         let logprobs = logits.log_softmax(-1, Kind::Float);
         let mut scores = logits.shallow_clone();
         if !banned.is_empty() {
-            let ids = Tensor::from_slice(banned).to_device(logits.device());
-            scores = scores.index_fill(1, &ids, f64::NEG_INFINITY);
+            let rows: Vec<i64> = banned.iter().map(|&(row, _)| row as i64).collect();
+            let ids: Vec<i64> = banned.iter().map(|&(_, id)| id).collect();
+            let index = [Some(Tensor::from_slice(&rows)), Some(Tensor::from_slice(&ids))]
+                .map(|t| t.map(|t| t.to_device(logits.device())));
+            scores = scores.index_put(&index, &Tensor::from(f64::NEG_INFINITY).to_kind(Kind::Float), false);
         }
         let tokens = match self.sampling {
             Sampling::Greedy => scores.argmax(-1, false),
@@ -151,9 +161,11 @@ mod tests {
         // log softmax of [0, 2, 2, 1] at index 1, by hand.
         let z = (0f64.exp() + 2f64.exp() * 2.0 + 1f64.exp()).ln();
         assert!((lps[0] as f64 - (2.0 - z)).abs() < 1e-6);
-        // A banned token is skipped.
-        let (tokens, _) = Sampler::new(Sampling::Greedy).sample(&l, &[0, 0], &[0, 0], &[0, 1]);
+        // A banned token is skipped, in the rows it is banned in only.
+        let (tokens, _) = Sampler::new(Sampling::Greedy).sample(&l, &[0, 0], &[0, 0], &[(0, 1), (1, 0), (1, 1)]);
         assert_eq!(tokens, vec![2, 2]);
+        let (tokens, _) = Sampler::new(Sampling::Greedy).sample(&l, &[0, 0], &[0, 0], &[(1, 0)]);
+        assert_eq!(tokens, vec![1, 1]);
     }
 
     #[test]

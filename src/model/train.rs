@@ -32,8 +32,7 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor};
 
-use super::decoder::{CausalLm, Pass};
-use super::generate::prefill_mask;
+use super::decoder::{CacheStep, CausalLm, Pass};
 use super::lora::Route;
 use super::policy::Policy;
 use super::{Error, Result, guard};
@@ -170,7 +169,7 @@ impl Policy {
         let positions = to_dev(&layout.positions).view([b, l]);
         let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
         let attention_mask = layout.segments.as_ref().map(|s| shared_prefix_mask(&to_dev(s).view([b, l])));
-        let pass = Pass { cos, sin, mask: attention_mask, causal: true, use_cache: false, route: &route };
+        let pass = Pass { cos, sin, mask: attention_mask, causal: true, cache: CacheStep::None, route: &route };
 
         let indices = layout.indices;
         let rows = ResponseRows { source, target, slot, b, l, n, t, max_logits: batching.max_logits };
@@ -241,7 +240,7 @@ impl Policy {
                 sin,
                 mask: padded.then(|| prefill_mask(&key_valid)),
                 causal: true,
-                use_cache: false,
+                cache: CacheStep::None,
                 route: &route,
             };
             let logits = self.lm.logits_all(&self.ids_tensor(&rows), &pass).to_kind(Kind::Float);
@@ -486,6 +485,17 @@ fn shared_prefix_mask(segments: &Tensor) -> Tensor {
     let visible = key.eq(0).logical_or(&key.eq_tensor(&query));
     let eye = Tensor::eye(l, (Kind::Bool, segments.device()));
     causal.logical_and(&visible).logical_or(&eye).unsqueeze(1)
+}
+
+/// Mask (B, 1, P, P) of left-padded rows: causal, real keys only; each padding query sees
+/// itself so that no row of the softmax is empty (its output is never used).
+fn prefill_mask(key_valid: &Tensor) -> Tensor {
+    let (b, p) = key_valid.size2().expect("(B, P) mask");
+    let device = key_valid.device();
+    let causal = Tensor::ones([p, p], (Kind::Bool, device)).tril(0);
+    let eye = Tensor::eye(p, (Kind::Bool, device));
+    let keys = key_valid.view([b, 1, 1, p]);
+    causal.logical_and(&keys).logical_or(&eye)
 }
 
 #[cfg(test)]

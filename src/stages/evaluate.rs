@@ -21,7 +21,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::model::{GenerationSettings, SamplingConfig};
+use crate::model::{GenerationSettings, KvBudget, SamplingConfig};
 use crate::play::responder::ModelResponder;
 use crate::play::{self, Branching, Played, Setup};
 use crate::policies::{LoadedPolicies, Resident};
@@ -52,6 +52,8 @@ pub struct EvaluationConfig {
     pub modes: Vec<EvalMode>,
     /// Sampling settings; greedy by default.
     pub sampling: SamplingConfig,
+    /// Memory for the sampler's key/value caches, GiB, as `rollout.kv_cache_gib`.
+    pub kv_cache_gib: Option<f64>,
 }
 
 impl Default for EvaluationConfig {
@@ -63,6 +65,7 @@ impl Default for EvaluationConfig {
             samples: 1,
             modes: vec![EvalMode::MultiAgent],
             sampling: SamplingConfig::greedy(),
+            kv_cache_gib: None,
         }
     }
 }
@@ -95,6 +98,7 @@ impl EvaluationConfig {
         )?;
         check(self.samples >= 1, "evaluation.samples", "must be at least 1")?;
         check(!self.modes.is_empty(), "evaluation.modes", "must name at least one mode")?;
+        super::rollout::check_kv_cache_gib(self.kv_cache_gib, "evaluation.kv_cache_gib")?;
         self.sampling.validate("evaluation.sampling")
     }
 }
@@ -140,7 +144,10 @@ pub async fn run(
         let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } =
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
-                    let settings = GenerationSettings::from_config(&config.evaluation.sampling);
+                    let settings = GenerationSettings {
+                        kv_budget: KvBudget::from_gib(config.evaluation.kv_cache_gib),
+                        ..GenerationSettings::from_config(&config.evaluation.sampling)
+                    };
                     let max_prompt = config.rollout.max_prompt_tokens as usize;
                     let mut responder = ModelResponder::new(&mut loaded, settings, max_prompt);
                     play::play(&games, &setup, &mut responder, &sandbox, progress)

@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::model::{GenerationSettings, SamplingConfig};
+use crate::model::{GenerationSettings, KvBudget, SamplingConfig};
 use crate::play::responder::ModelResponder;
 use crate::play::{self, Branching, Candidate, RolloutMode, Selection, Setup};
 use crate::policies::{self, LoadedPolicies, Resident};
@@ -39,6 +39,9 @@ pub struct RolloutConfig {
     pub sampling: SamplingConfig,
     /// Longer prompts are cut from the left.
     pub max_prompt_tokens: u32,
+    /// Memory for the sampler's key/value caches, GiB; a share of the device's free
+    /// memory when unset. Batches are sized from it.
+    pub kv_cache_gib: Option<f64>,
 }
 
 impl Default for RolloutConfig {
@@ -50,6 +53,7 @@ impl Default for RolloutConfig {
             select: Selection::BestReward,
             sampling: SamplingConfig::default(),
             max_prompt_tokens: 4096,
+            kv_cache_gib: None,
         }
     }
 }
@@ -64,13 +68,24 @@ impl RolloutConfig {
             format!("{} is more than data.train_tasks ({train_tasks})", self.tasks_per_iteration),
         )?;
         check(self.max_prompt_tokens >= 1, "rollout.max_prompt_tokens", "must be at least 1")?;
+        check_kv_cache_gib(self.kv_cache_gib, "rollout.kv_cache_gib")?;
         self.sampling.validate("rollout.sampling")
     }
 }
 
 /// What helps a rollout that runs out of memory.
-const MEMORY_KNOB: &str = "fewer prompts at once (rollout.tasks_per_iteration × rollout.k, or a shard per \
-     worker with --worker) or shorter ones (rollout.max_prompt_tokens, rollout.sampling.max_new_tokens)";
+const MEMORY_KNOB: &str = "a smaller rollout.kv_cache_gib, fewer prompts at once (rollout.tasks_per_iteration × \
+     rollout.k, or a shard per worker with --worker) or shorter ones (rollout.max_prompt_tokens, \
+     rollout.sampling.max_new_tokens)";
+
+/// `kv_cache_gib` of rollout and evaluation: unset, or a positive size.
+pub(crate) fn check_kv_cache_gib(gib: Option<f64>, key: &str) -> Result<(), Invalid> {
+    check(
+        gib.is_none_or(|g| g > 0.0 && g.is_finite()),
+        key,
+        "must be a positive number of GiB (unset: a share of the device's free memory)",
+    )
+}
 
 /// Plays iteration `iteration`'s batch (or one shard of it) and commits its `turns`.
 pub async fn run(
@@ -90,7 +105,10 @@ pub async fn run(
     let setup = setup(config, iteration);
     let games = play::games(&config.env, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
-    let settings = GenerationSettings::from_config(&config.rollout.sampling);
+    let settings = GenerationSettings {
+        kv_budget: KvBudget::from_gib(config.rollout.kv_cache_gib),
+        ..GenerationSettings::from_config(&config.rollout.sampling)
+    };
     let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {

@@ -5,6 +5,7 @@ mod support;
 
 mod cli_config;
 mod cli_sql;
+mod generation;
 mod independent_reader;
 mod libtorch;
 mod model;

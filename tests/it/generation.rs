@@ -1,0 +1,113 @@
+//! The sampler's batching: a key/value budget far below the batch, one prefill shared by
+//! a prompt's branches, slots refilled as rows finish, all giving what each row computes
+//! alone.
+
+use petting::model::{
+    Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget, LoadOptions, Policy, Sampling,
+};
+
+use crate::model::shared_dir;
+
+fn llama() -> Policy {
+    let dir = shared_dir().join("fixtures/hf-tiny-llama");
+    Policy::load(&dir, &LoadOptions::default()).unwrap()
+}
+
+/// Prompts of different lengths (3 to 40 tokens) from the fixture's vocabulary.
+fn prompt(i: usize) -> Vec<i64> {
+    (0..3 + (i * 7) % 38).map(|t| 5 + ((i * 31 + t * 17) % 200) as i64).collect()
+}
+
+fn sampled(max_new_tokens: usize) -> GenerationSettings {
+    let sampling = Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 };
+    GenerationSettings { eos_token_ids: Some(Vec::new()), ..GenerationSettings::new(sampling, max_new_tokens) }
+}
+
+/// Budget for `slots` sequences of up to `longest` prompt tokens.
+fn budget_for(policy: &Policy, slots: u64, longest: usize, settings: &GenerationSettings) -> KvBudget {
+    let c = policy.config();
+    let per_position = (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64;
+    KvBudget::Bytes(slots * per_position * (longest + settings.max_new_tokens) as u64)
+}
+
+fn generate(
+    policy: &mut Policy,
+    requests: &[GenerationRequest],
+    settings: &GenerationSettings,
+) -> (Vec<Generation>, GenerationStats) {
+    policy.generate_with_stats(requests, settings).unwrap()
+}
+
+fn assert_same(a: &[Generation], b: &[Generation]) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.token_ids, y.token_ids, "row {i}");
+        assert_eq!(x.finish_reason, y.finish_reason, "row {i}");
+        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+            assert!((p - q).abs() <= 1e-4, "row {i}: logprob {p} vs {q}");
+        }
+    }
+}
+
+#[test]
+fn a_batch_far_over_the_budget_runs_in_bounded_memory_with_the_tokens_of_one_batch() {
+    let mut policy = llama();
+    let settings = GenerationSettings { sampling: Sampling::Greedy, ..sampled(10) };
+    let requests: Vec<GenerationRequest> =
+        (0..24).map(|i| GenerationRequest { prompt_ids: prompt(i), seed: i as u64, adapter: None }).collect();
+    let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap();
+    let (one_batch, wide) = generate(&mut policy, &requests, &settings);
+    assert_eq!(wide.slots, 24);
+
+    let budget = budget_for(&policy, 3, longest, &settings);
+    let tight = GenerationSettings { kv_budget: budget, ..settings.clone() };
+    let (bounded, stats) = generate(&mut policy, &requests, &tight);
+    assert_eq!(stats.slots, 3);
+    let KvBudget::Bytes(bytes) = budget else { unreachable!() };
+    assert!(0 < stats.kv_cache_bytes && stats.kv_cache_bytes <= bytes, "{} > {bytes}", stats.kv_cache_bytes);
+    assert_same(&bounded, &one_batch);
+    assert_eq!(stats.generated_tokens, 24 * 10);
+
+    // Less than one sequence's worth is an error that says what to change.
+    let none = GenerationSettings { kv_budget: KvBudget::Bytes(1024), ..settings };
+    let err = policy.generate(&requests, &none).unwrap_err().to_string();
+    assert!(err.contains("holds no sequence") && err.contains("kv_cache_gib"), "{err}");
+}
+
+#[test]
+fn branches_sampled_from_one_shared_prefill_match_separate_prefills() {
+    let mut policy = llama();
+    for settings in [sampled(12), GenerationSettings { sampling: Sampling::Greedy, ..sampled(12) }] {
+        // Two nodes of K = 4 branches each, interleaved as a rollout sends them.
+        let requests: Vec<GenerationRequest> = (0..8)
+            .map(|i| GenerationRequest { prompt_ids: prompt(3 + i % 2), seed: 100 + i as u64, adapter: None })
+            .collect();
+        let (shared, stats) = generate(&mut policy, &requests, &settings);
+        assert_eq!((stats.shared_prefills, stats.prefill_tokens), (6, prompt(3).len() + prompt(4).len()));
+        let separate: Vec<Generation> =
+            requests.iter().flat_map(|r| policy.generate(std::slice::from_ref(r), &settings).unwrap()).collect();
+        assert_same(&shared, &separate);
+        if settings.sampling != Sampling::Greedy {
+            assert_ne!(shared[0].token_ids, shared[2].token_ids, "branches of one prompt differ by seed");
+        }
+    }
+}
+
+#[test]
+fn continuous_batching_gives_the_per_row_results_of_static_batching() {
+    let mut policy = llama();
+    // Common tokens as EOS, so that rows finish at different steps and free their slots.
+    let settings = GenerationSettings { eos_token_ids: Some((5..25).collect()), ..sampled(16) };
+    let requests: Vec<GenerationRequest> =
+        (0..20).map(|i| GenerationRequest { prompt_ids: prompt(i % 7), seed: i as u64, adapter: None }).collect();
+    let (static_batch, one) = generate(&mut policy, &requests, &settings);
+    assert_eq!(one.slots, 20);
+    let lengths: Vec<usize> = static_batch.iter().map(|g| g.token_ids.len()).collect();
+    assert!(lengths.iter().min() < lengths.iter().max(), "rows finish at different steps: {lengths:?}");
+
+    let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap();
+    let few = GenerationSettings { kv_budget: budget_for(&policy, 5, longest, &settings), ..settings };
+    let (continuous, stats) = generate(&mut policy, &requests, &few);
+    assert_eq!(stats.slots, 5);
+    assert_same(&continuous, &static_batch);
+}
