@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Installs libtorch 2.11.0 (CPU) into .libtorch/ from the PyPI wheels, once.
+# `scripts/install-libtorch.sh cuda` installs the CUDA 13 build into .libtorch-cuda/
+# instead: every library of the torch wheel and of the nvidia wheels it depends on
+# (about 4 GB), for `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir
+# target-cuda` (README, "Running on a GPU").
 #
 # tch 0.24 binds libtorch 2.11.0. pytorch.org's libtorch zips cannot be reached from
 # our machines, but PyPI can: the torch wheel carries the same shared libraries and
@@ -11,7 +15,12 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-dest="$root/.libtorch"
+variant="${1:-cpu}"
+case "$variant" in
+    cpu) dest="$root/.libtorch" ;;
+    cuda) dest="$root/.libtorch-cuda" ;;
+    *) echo "usage: scripts/install-libtorch.sh [cpu|cuda]" >&2; exit 2 ;;
+esac
 version="2.11.0"
 
 if [[ -f "$dest/build-version" && "$(cat "$dest/build-version")" == "$version" ]]; then
@@ -22,6 +31,7 @@ fi
 # written beside the checkout, pip's temporary files included: a small /tmp then cannot fail
 # the install, and the final mv is a rename.
 need_mib=1700
+[[ "$variant" == cpu ]] || need_mib=9000
 free_mib=$(df --output=avail -m "$root" | tail -n 1 | tr -d ' ')
 if ((free_mib < need_mib)); then
     echo "install-libtorch: needs about $need_mib MiB free on the disk of $root for the torch wheel and" \
@@ -39,21 +49,33 @@ nvidia-cuda-runtime==13.0.96 --hash=sha256:7f82250d7782aa23b6cfe765ecc7db554bd3c
 nvidia-cuda-cupti==13.0.85 --hash=sha256:4eb01c08e859bf924d222250d2e8f8b8ff6d3db4721288cf35d14252a4d933c8
 REQ
 
-echo "install-libtorch: downloading torch $version wheels from PyPI (about 545 MB)" >&2
 # The wheel's libtorch is the same for every CPython; pinning the tag makes the hashes hold
 # whatever python3 this machine has. Without --no-cache-dir pip would also buffer the wheel
 # in a temporary file and keep a third copy in its cache.
-TMPDIR="$work" "$python" -m pip download --quiet --no-cache-dir --no-deps --only-binary=:all: \
-    --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 --platform manylinux_2_25_x86_64 --platform manylinux_2_17_x86_64 \
-    --require-hashes -r "$work/requirements.txt" -d "$work/wheels"
+# With --platform, pip accepts only the tags named, not the older ones a manylinux_2_28
+# machine also runs: name them all (the nvidia wheels use 2_17, 2_18 and 2_27).
+platform=(--python-version 3.11 --implementation cp --abi cp311 --platform manylinux2014_x86_64)
+for glibc in $(seq 17 28); do platform+=(--platform "manylinux_2_${glibc}_x86_64"); done
+if [[ "$variant" == cpu ]]; then
+    echo "install-libtorch: downloading torch $version wheels from PyPI (about 545 MB)" >&2
+    TMPDIR="$work" "$python" -m pip download --quiet --no-cache-dir --no-deps --only-binary=:all: "${platform[@]}" \
+        --require-hashes -r "$work/requirements.txt" -d "$work/wheels"
+else
+    # The nvidia wheels are the exact versions the torch wheel's metadata pins; pip
+    # resolves them (and torch's small pure-Python dependencies, which are not unpacked).
+    echo "install-libtorch: downloading torch $version and its nvidia wheels from PyPI (about 4 GB)" >&2
+    TMPDIR="$work" "$python" -m pip download --quiet --no-cache-dir --only-binary=:all: "${platform[@]}" \
+        "torch==$version" -d "$work/wheels"
+fi
 
 staging="$work/libtorch"
 mkdir -p "$staging/lib"
 echo "install-libtorch: unpacking" >&2
-(cd "$work" && "$python" - "$work/wheels" "$staging" <<'PY'
+(cd "$work" && "$python" - "$work/wheels" "$staging" "$variant" <<'PY'
 import pathlib, shutil, sys, zipfile
 
-wheels, staging = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheels, staging, variant = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+CUDA_LIBS = ("libtorch_cuda", "libc10_cuda", "libtorch_nvshmem", "libcaffe2_nvrtc")
 (torch_wheel,) = wheels.glob("torch-*.whl")
 with zipfile.ZipFile(torch_wheel) as z:
     for name in z.namelist():
@@ -64,8 +86,7 @@ with zipfile.ZipFile(torch_wheel) as z:
         elif name.startswith("torch/lib/") and name.count("/") == 2:
             base = name[len("torch/lib/"):]
             # The CUDA libraries make torch-sys link the CUDA build; libtorch_python needs Python.
-            if base.startswith(("libtorch_cuda", "libc10_cuda", "libtorch_nvshmem",
-                                "libcaffe2_nvrtc", "libtorch_python")):
+            if base.startswith("libtorch_python") or (variant == "cpu" and base.startswith(CUDA_LIBS)):
                 continue
             target = staging / "lib" / base
         else:
@@ -73,16 +94,26 @@ with zipfile.ZipFile(torch_wheel) as z:
         target.parent.mkdir(parents=True, exist_ok=True)
         with z.open(name) as src, open(target, "wb") as dst:
             shutil.copyfileobj(src, dst)
-for pattern, lib in [("nvidia_cuda_runtime-*.whl", "libcudart.so.13"),
-                     ("nvidia_cuda_cupti-*.whl", "libcupti.so.13")]:
-    (wheel,) = wheels.glob(pattern)
+def unpack_nvidia(wheel, keep):
     with zipfile.ZipFile(wheel) as z:
-        with z.open(f"nvidia/cu13/lib/{lib}") as src, open(staging / "lib" / lib, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        for name in z.namelist():
+            base = name.rsplit("/", 1)[-1]
+            if name.startswith("nvidia/") and "/lib/" in name and ".so" in base and keep(base):
+                with z.open(name) as src, open(staging / "lib" / base, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+
+if variant == "cpu":
+    for pattern, lib in [("nvidia_cuda_runtime-*.whl", "libcudart.so.13"),
+                         ("nvidia_cuda_cupti-*.whl", "libcupti.so.13")]:
+        (wheel,) = wheels.glob(pattern)
+        unpack_nvidia(wheel, lambda base: base == lib)
+else:
+    for wheel in wheels.glob("nvidia_*.whl"):
+        unpack_nvidia(wheel, lambda base: True)
 PY
 )
 echo "$version" > "$staging/build-version"
 
 rm -rf "$dest"
 mv "$staging" "$dest"
-echo "install-libtorch: libtorch $version (CPU) is in $dest" >&2
+echo "install-libtorch: libtorch $version ($variant) is in $dest" >&2

@@ -21,6 +21,32 @@ impl fmt::Display for Device {
     }
 }
 
+impl Device {
+    /// Whether this process can run on the device, or a one-line reason that says how to
+    /// get a binary that can. Checked before any tensor is made: tch panics deep inside
+    /// libtorch ("Could not run 'aten::empty_strided' with arguments from the 'CUDA'
+    /// backend") when asked for a GPU it was not built for.
+    pub fn check_available(self) -> Result<(), String> {
+        let Device::Cuda(index) = self else { return Ok(()) };
+        if !tch::utils::has_cuda() {
+            return Err(format!(
+                "device {self}: this petting binary was built against the CPU libtorch; build the CUDA one with \
+                 `scripts/install-libtorch.sh cuda` and `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir target-cuda` \
+                 (README, \"Running on a GPU\"), or set the device to cpu"
+            ));
+        }
+        let count = tch::Cuda::device_count().max(0) as usize;
+        if index >= count {
+            return Err(format!(
+                "device {self}: libtorch sees {count} CUDA device(s) (driver missing, CUDA_VISIBLE_DEVICES, or no GPU on \
+                 this machine); use cuda:0..cuda:{} or cpu",
+                count.saturating_sub(1)
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Serialize for Device {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)

@@ -120,6 +120,7 @@ impl Policy {
     }
 
     fn build(config: ModelConfig, weights: &Weights, options: &LoadOptions) -> Result<Policy> {
+        options.device.check_available().map_err(|reason| Error::Device { reason })?;
         let mut vs = VarStore::new(options.tch_device());
         vs.set_kind(options.kind());
         let lm = CausalLm::new(vs.root(), &config, weights)?;

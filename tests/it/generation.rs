@@ -1,12 +1,13 @@
 //! The sampler's batching: a key/value budget far below the batch, one prefill shared by
 //! a prompt's branches, slots refilled as rows finish, all giving what each row computes
-//! alone.
+//! alone; and a GPU asked for where there is none.
 
 use petting::model::{
     Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget, LoadOptions, Policy, Sampling,
 };
 
 use crate::model::shared_dir;
+use crate::support::run;
 
 fn llama() -> Policy {
     let dir = shared_dir().join("fixtures/hf-tiny-llama");
@@ -110,4 +111,27 @@ fn continuous_batching_gives_the_per_row_results_of_static_batching() {
     let (continuous, stats) = generate(&mut policy, &requests, &few);
     assert_eq!(stats.slots, 5);
     assert_same(&continuous, &static_batch);
+}
+
+#[test]
+fn a_gpu_asked_for_where_there_is_none_is_one_clear_line() {
+    if tch::Cuda::is_available() {
+        return;
+    }
+    let dir = shared_dir().join("fixtures/hf-tiny-llama");
+    let (ok, stdout, stderr) = run(&[
+        "model",
+        "generate",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--device",
+        "cuda",
+        "--max-new-tokens",
+        "2",
+    ]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("device cuda:0") && stderr.contains("cpu"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
