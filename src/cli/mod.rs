@@ -43,6 +43,8 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PETTING_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log redirected to a file stays greppable.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime");
     match runtime.block_on(run(cli.command)) {
