@@ -340,7 +340,7 @@ fn grpo_step(policy: &mut Policy) -> impl FnMut() + '_ {
         min_new_tokens: GRPO_COMPLETION,
         ..GenerationSettings::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, GRPO_COMPLETION)
     };
-    let clip = PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean };
+    let clip = PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap: None };
     let micro = MicroBatching::new(8192, false);
     let mut round = 0u64;
     move || {
@@ -376,7 +376,7 @@ fn grpo_step(policy: &mut Policy) -> impl FnMut() + '_ {
             .collect();
         // One mini-batch: its own forward gives the old logprobs, as in petting's update.
         let t1 = Instant::now();
-        trainer.ppo_step(policy, &batch, None, &advantages, clip, micro, round, 1e-5).unwrap();
+        trainer.ppo_step(policy, &batch, None, &[], &advantages, clip, micro, round, 1e-5).unwrap();
         eprintln!("generate {t_gen:.2} s, step {:.2} s", t1.elapsed().as_secs_f64());
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: installs libtorch and the Python tools the
-# tests compare against (each once, cached in ignored folders), starts an S3-compatible
-# server on 127.0.0.1 for the store tests, then runs every test.
+# The whole test suite, from a fresh clone: installs libtorch, the Python tools the tests
+# compare against and vLLM's CPU server (each once, cached in ignored folders), starts an
+# S3-compatible server and a vLLM server on 127.0.0.1 for the tests that need them, then
+# runs every test.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh store::).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,11 +10,26 @@ cd "$(dirname "$0")/.."
 scripts/install-libtorch.sh
 scripts/install-python-tools.sh
 scripts/install-test-models.sh
+scripts/install-vllm.sh
 export PETTING_PYTHON="$PWD/.venv/bin/python"
 
+# The vLLM server serves SmolLM2 as a Hugging Face folder, which petting imports from
+# the GGUF once; the full-weight test reloads an untied copy (see scripts/untie-embeddings.py).
+cargo build --locked --bin petting
+smollm2=.models/smollm2-135m-instruct
+if [[ ! -f "$smollm2/model.safetensors" ]]; then
+    rm -rf "$smollm2.partial"
+    target/debug/petting model import-gguf .models/SmolLM2-135M-Instruct.Q4_1.gguf --output "$smollm2.partial"
+    mv "$smollm2.partial" "$smollm2"
+fi
+if [[ ! -f "$smollm2-untied/model.safetensors" ]]; then
+    .vllm/bin/python scripts/untie-embeddings.py "$smollm2" "$smollm2-untied"
+fi
+
 eval "$(scripts/s3-test-server.sh start)"
-trap 'scripts/s3-test-server.sh stop' EXIT
-export PETTING_REQUIRE_S3=1
+eval "$(scripts/vllm-test-server.sh start)"
+trap 'scripts/s3-test-server.sh stop; scripts/vllm-test-server.sh stop' EXIT
+export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1
 
 status=0
 cargo test --locked "$@" || status=$?
@@ -21,5 +37,6 @@ if ((status != 0)); then
     # The tests see only the S3 server's status codes; its own reasons are in its log.
     echo "S3 test server, last errors:" >&2
     scripts/s3-test-server.sh errors >&2 || true
+    echo "vLLM test server log: $PETTING_TEST_VLLM_LOG" >&2
 fi
 exit "$status"

@@ -6,6 +6,7 @@
 pub mod algo;
 pub mod allocator;
 pub mod config;
+pub mod engine;
 pub mod envs;
 pub mod inspect;
 pub mod model;

@@ -24,6 +24,8 @@ pub enum Table {
     Groups,
     Samples,
     Updates,
+    /// Engine-vs-trainer logprob gap per trained sample.
+    LogprobGaps,
     Evals,
     /// Derived from the commit markers, never written as Parquet.
     Commits,
@@ -33,12 +35,13 @@ pub enum Table {
 
 impl Table {
     /// All tables, in pipeline order.
-    pub const ALL: [Table; 9] = [
+    pub const ALL: [Table; 10] = [
         Table::Tasks,
         Table::Turns,
         Table::Groups,
         Table::Samples,
         Table::Updates,
+        Table::LogprobGaps,
         Table::Evals,
         Table::Demonstrations,
         Table::Commits,
@@ -53,6 +56,7 @@ impl Table {
             Table::Groups => "groups",
             Table::Samples => "samples",
             Table::Updates => "updates",
+            Table::LogprobGaps => "logprob_gaps",
             Table::Evals => "evals",
             Table::Commits => "commits",
             Table::Checkpoints => "checkpoints",
@@ -76,6 +80,7 @@ impl Table {
             Table::Groups => include_str!("../schemas/groups.json"),
             Table::Samples => include_str!("../schemas/samples.json"),
             Table::Updates => include_str!("../schemas/updates.json"),
+            Table::LogprobGaps => include_str!("../schemas/logprob_gaps.json"),
             Table::Evals => include_str!("../schemas/evals.json"),
             Table::Commits => include_str!("../schemas/commits.json"),
             Table::Checkpoints => include_str!("../schemas/checkpoints.json"),

@@ -85,6 +85,11 @@ pub struct TurnRow {
     pub policy_version: u32,
     /// Digest of the committed weights that sampled the row (the checkpoint's `weights_sha256`).
     pub weights_sha256: String,
+    /// What sampled the row: tch or vllm.
+    pub engine: String,
+    /// The name the engine knows the weights by: the policy for tch; for vLLM the
+    /// served model, or the adapter `<policy>-v<k>-<digest>`.
+    pub engine_model: String,
     pub branch: u32,
     pub node_id: u32,
     pub parent_id: Option<u32>,
@@ -169,6 +174,22 @@ pub struct UpdateRow {
 }
 impl Row for UpdateRow {
     const TABLE: Table = Table::Updates;
+}
+
+/// The engine-vs-trainer logprob gap of one trained sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogprobGapRow {
+    pub candidate_id: String,
+    pub policy: String,
+    pub version: u32,
+    pub engine: String,
+    pub tokens: u32,
+    pub gap_mean: f64,
+    pub gap_max: f64,
+    pub log_ratio_mean: f64,
+}
+impl Row for LogprobGapRow {
+    const TABLE: Table = Table::LogprobGaps;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -343,6 +364,8 @@ mod tests {
             policy: "p".into(),
             policy_version: 3,
             weights_sha256: "ab".repeat(32),
+            engine: "tch".into(),
+            engine_model: "p".into(),
             branch: 1,
             node_id: 9,
             parent_id: None,

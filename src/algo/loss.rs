@@ -29,6 +29,14 @@ pub fn ppo_clip_token(logp_new: f64, logp_old: f64, advantage: f64, clip_epsilon
     }
 }
 
+/// The truncated importance weight of one token (Yao et al., 2025): the engine sampled
+/// it with `engine_logp`, the trainer's copy of the same weights gives `trainer_logp`;
+/// the policy-gradient term is weighted by their ratio, capped at `cap` so a token the
+/// engine found far less likely than the trainer does cannot dominate the step.
+pub fn truncated_importance_weight(trainer_logp: f64, engine_logp: f64, cap: f64) -> f64 {
+    (trainer_logp - engine_logp).exp().min(cap)
+}
+
 /// How token losses become one number.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Aggregation {
@@ -109,6 +117,14 @@ mod tests {
     const LN_1_5: f64 = 0.4054651081081644;
     const LN_0_5: f64 = -std::f64::consts::LN_2;
     const LN_1_1: f64 = 0.09531017980432493;
+
+    #[test]
+    fn the_importance_weight_is_the_ratio_up_to_its_cap() {
+        // trainer 1.5x as likely as the engine: weight 1.5; 2x with cap 1.8: the cap.
+        assert!((truncated_importance_weight(LN_1_5, 0.0, 2.0) - 1.5).abs() < 1e-12);
+        assert!((truncated_importance_weight(-1.0 + LN_0_5, -1.0, 2.0) - 0.5).abs() < 1e-12);
+        assert_eq!(truncated_importance_weight(std::f64::consts::LN_2, 0.0, 1.8), 1.8);
+    }
 
     #[test]
     fn the_clip_binds_only_where_it_limits_improvement() {

@@ -81,6 +81,9 @@ pub struct RunConfig {
     /// Held-out evaluation.
     #[serde(default)]
     pub evaluation: EvaluationConfig,
+    /// The vLLM server that stages with `engine: vllm` sample through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<crate::engine::VllmConfig>,
     /// Supervised warm start on solver demonstrations, building v0 of policies whose
     /// model is initialised from scratch (the embedded default).
     #[serde(default)]
@@ -360,6 +363,7 @@ impl RunConfig {
         self.update.validate()?;
         self.evaluation.validate(self.data.test_tasks)?;
         self.validate_evaluation_modes()?;
+        self.validate_engine()?;
         if let Some(fork) = &self.fork {
             check(!fork.from.trim().is_empty(), "fork.from", "is empty; give the source run's path or URL")?;
             check(
@@ -426,6 +430,27 @@ impl RunConfig {
             )?;
         }
         Ok(())
+    }
+
+    /// A vLLM engine needs its server, and one server serves one base model.
+    fn validate_engine(&self) -> Result<(), Invalid> {
+        use crate::engine::EngineKind;
+        let uses_vllm = [("rollout.engine", self.rollout.engine), ("evaluation.engine", self.evaluation.engine)]
+            .into_iter()
+            .find(|(_, engine)| *engine == EngineKind::Vllm);
+        let Some((key, _)) = uses_vllm else { return Ok(()) };
+        let Some(vllm) = &self.vllm else {
+            return check(false, key, "is vllm, but the config has no vllm: section (at least vllm.url)");
+        };
+        vllm.validate()?;
+        let models: std::collections::BTreeSet<&Path> = self.policies.values().map(|p| p.model.as_path()).collect();
+        let full = self.policies.values().filter(|p| p.lora.is_none()).count();
+        check(
+            models.len() == 1 && (full == 0 || self.policies.len() == 1),
+            key,
+            "one vLLM server serves one base model: give every policy a LoRA adapter on the same model, or use \
+             a single full-weight policy",
+        )
     }
 
     /// The modes that need a workflow of a certain shape.

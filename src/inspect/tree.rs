@@ -147,6 +147,8 @@ pub(crate) mod tests {
             policy: "shared".into(),
             policy_version: 3,
             weights_sha256: "ab".repeat(32),
+            engine: "tch".into(),
+            engine_model: "p".into(),
             branch,
             node_id,
             parent_id: None,

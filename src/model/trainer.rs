@@ -66,6 +66,9 @@ impl OptimizerConfig {
 pub struct PpoClip {
     pub epsilon: f64,
     pub aggregation: Aggregation,
+    /// Weight each token by its truncated importance ratio trainer/engine, capped here
+    /// (`algo::loss::truncated_importance_weight`); none: no correction.
+    pub importance_cap: Option<f64>,
 }
 
 /// What one optimiser step saw and did.
@@ -135,6 +138,7 @@ impl Trainer {
         policy: &mut Policy,
         batch: &[ScoreRequest],
         old: Option<&[&[f32]]>,
+        sampled: &[&[f32]],
         advantages: &[f64],
         clip: PpoClip,
         micro: MicroBatching,
@@ -152,7 +156,15 @@ impl Trainer {
             };
             let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i] as f32).collect();
             let adv_t = Tensor::from_slice(&adv).view([-1, 1]).to_device(device);
-            Ok(ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mb.mask, clip.epsilon) * weight)
+            // The importance weights are constants: a weighted mask.
+            let mask = match clip.importance_cap {
+                Some(cap) => {
+                    let engine = padded(mb.indices.iter().map(|&i| sampled[i]), &mb.logprobs, device);
+                    &mb.mask * (&old_t - engine).exp().clamp_max(cap)
+                }
+                None => mb.mask.shallow_clone(),
+            };
+            Ok(ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mask, clip.epsilon) * weight)
         })?;
         Ok(self.step(lr, logprobs))
     }

@@ -48,11 +48,15 @@ pub struct Reply {
     pub finish_reason: String,
     /// Wall time of the batch the reply was sampled in.
     pub seconds: f64,
+    /// What sampled it, and the name the engine knows the weights by (the policy for
+    /// tch, the served model or adapter for vLLM).
+    pub engine: crate::engine::EngineKind,
+    pub engine_model: String,
 }
 
 /// Answers a batch of prompts with one policy.
 pub trait Responder {
-    fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::model::Error>;
+    fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error>;
 }
 
 /// One episode to play: a task's environment, and the key its random streams use.
@@ -173,6 +177,8 @@ pub enum Error {
     Workflow(#[from] crate::workflows::Error),
     #[error(transparent)]
     Model(#[from] crate::model::Error),
+    #[error(transparent)]
+    Engine(#[from] crate::engine::Error),
     #[error("no policy is mapped to the {role} agent (agents: in the config)")]
     NoPolicy { role: Role },
     #[error("the responder returned {got} replies for {asked} prompts")]
@@ -448,7 +454,7 @@ mod tests {
     struct Scripted;
 
     impl Responder for Scripted {
-        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::model::Error> {
+        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
             let tool =
                 ["```python\nprint(greedy(grid, S, G))\n```", "```python\nprint(bfs(grid, S, G))\n```", "no idea"];
             Ok(prompts
@@ -469,6 +475,8 @@ mod tests {
                         text,
                         finish_reason: "eos".into(),
                         seconds: 0.0,
+                        engine: crate::engine::EngineKind::Tch,
+                        engine_model: "scripted".into(),
                     }
                 })
                 .collect())

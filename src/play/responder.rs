@@ -1,10 +1,15 @@
-//! The model behind [`play`](super::play): prompts go through the policy's chat template
-//! and tokenizer ([`Policy::agent_prompt`](crate::model::Policy::agent_prompt)), then one
-//! batched generation per call.
+//! The models behind [`play`](super::play): prompts go through the policy's chat template
+//! and tokenizer ([`Policy::agent_prompt`](crate::model::Policy::agent_prompt)), then
+//! petting's own sampler ([`ModelResponder`]: one batched generation per call) or a vLLM
+//! server ([`VllmResponder`]: the rendered token ids, one request each, all in flight).
 
 use std::time::Instant;
 
-use crate::model::{GenerationRequest, GenerationSettings};
+use futures::StreamExt;
+
+use crate::engine::client::CompletionRequest;
+use crate::engine::{EngineKind, Served, VllmClient};
+use crate::model::{GenerationRequest, GenerationSettings, SamplingConfig};
 use crate::policies::LoadedPolicies;
 
 use super::{Prompt, Reply, Responder};
@@ -27,11 +32,8 @@ impl<'a> ModelResponder<'a> {
 }
 
 impl Responder for ModelResponder<'_> {
-    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::model::Error> {
-        let (policy, adapter) = self
-            .policies
-            .model(name)
-            .ok_or_else(|| crate::model::Error::Request { reason: format!("policy {name:?} is not loaded") })?;
+    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, super::Error> {
+        let (policy, adapter) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let adapter = adapter.map(str::to_owned);
         let rendered: Vec<(String, Vec<i64>)> =
             prompts.iter().map(|p| policy.agent_prompt(&p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
@@ -73,8 +75,78 @@ impl Responder for ModelResponder<'_> {
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default(),
                 seconds,
+                engine: EngineKind::Tch,
+                engine_model: name.to_string(),
             })
             .collect();
+        Ok(replies)
+    }
+}
+
+fn not_loaded(name: &str) -> crate::model::Error {
+    crate::model::Error::Request { reason: format!("policy {name:?} is not loaded") }
+}
+
+/// Answers prompts through a vLLM server that holds the stage's versions ([`Served`]).
+pub struct VllmResponder<'a> {
+    pub policies: &'a mut LoadedPolicies,
+    pub client: &'a VllmClient,
+    pub served: &'a Served,
+    pub sampling: &'a SamplingConfig,
+    pub max_prompt_tokens: usize,
+    pub max_concurrent_requests: usize,
+}
+
+impl Responder for VllmResponder<'_> {
+    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, super::Error> {
+        let served = self.served.name(name).ok_or_else(|| not_loaded(name))?.to_string();
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        let stop_token_ids = policy.config().eos_token_ids.clone();
+        let rendered: Vec<(String, Vec<i64>)> =
+            prompts.iter().map(|p| policy.agent_prompt(&p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
+        let s = self.sampling;
+        let requests: Vec<CompletionRequest> = prompts
+            .iter()
+            .zip(&rendered)
+            .map(|(p, (_, ids))| CompletionRequest {
+                model: served.clone(),
+                prompt_ids: ids.clone(),
+                max_tokens: s.max_new_tokens as usize,
+                min_tokens: 0,
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k as usize,
+                seed: p.seed,
+                stop: s.stop.clone(),
+                stop_token_ids: stop_token_ids.clone(),
+            })
+            .collect();
+        let started = Instant::now();
+        let client = self.client;
+        let completions: Vec<_> = tokio::runtime::Handle::current().block_on(
+            futures::stream::iter(&requests)
+                .map(|r| client.complete(r))
+                .buffered(self.max_concurrent_requests)
+                .collect(),
+        );
+        let seconds = started.elapsed().as_secs_f64();
+        let tokenizer = policy.require_tokenizer()?;
+        let mut replies = Vec::with_capacity(prompts.len());
+        for ((text, ids), completion) in rendered.into_iter().zip(completions) {
+            let completion = completion?;
+            replies.push(Reply {
+                prompt_text: text,
+                prompt_tokens: ids.iter().map(|&t| t as i32).collect(),
+                text: tokenizer.decode(&completion.token_ids, true)?,
+                tokens: completion.token_ids.iter().map(|&t| t as i32).collect(),
+                logprobs: completion.logprobs,
+                finish_reason: completion.finish_reason,
+                seconds,
+                engine: EngineKind::Vllm,
+                engine_model: served.clone(),
+            });
+        }
+        tracing::info!(policy = name, served, rows = replies.len(), seconds, "generated through vLLM");
         Ok(replies)
     }
 }

@@ -87,7 +87,7 @@ pub(super) async fn materialise_file(store: &RunStore, entry: &FileEntry) -> Res
 /// Where checkpoints of non-local runs are materialised: `$XDG_CACHE_HOME/petting`, else
 /// the system temp dir. Read here rather than passed down because it only decides where
 /// verified copies live, never what a stage computes.
-fn cache_root() -> PathBuf {
+pub(crate) fn cache_root() -> PathBuf {
     match std::env::var_os("XDG_CACHE_HOME") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("petting"),
         _ => std::env::temp_dir().join("petting-cache"),
@@ -102,7 +102,7 @@ pub(super) fn cache_key(entries: &[(&str, &FileEntry)]) -> String {
 }
 
 /// The folder itself when the run is on local disk.
-fn local_dir(store: &RunStore, dir: &str) -> Option<PathBuf> {
+pub(crate) fn local_dir(store: &RunStore, dir: &str) -> Option<PathBuf> {
     let root = url::Url::parse(store.url()).ok().filter(|u| u.scheme() == "file")?.to_file_path().ok()?;
     Some(root.join(dir))
 }

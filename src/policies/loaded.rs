@@ -65,6 +65,11 @@ impl LoadedPolicies {
         Some((&mut self.models[member.model].policy, adapter))
     }
 
+    /// Whether `name` is a LoRA adapter on its model.
+    pub fn is_lora(&self, name: &str) -> bool {
+        self.members.get(name).is_some_and(|m| m.lora)
+    }
+
     /// The committed base of a LoRA policy.
     pub fn base(&self, name: &str) -> Option<&BaseRef> {
         self.members.get(name).filter(|m| m.lora).and_then(|m| self.models[m.model].base.as_ref())
@@ -156,8 +161,14 @@ pub async fn load(store: &RunStore, config: &RunConfig, name: &str, version: u32
 /// Policies kept in memory between the stages of one process (`petting pipeline run`),
 /// so that each version is loaded once. A stage takes them and gives them back when done;
 /// a stage that fails gives nothing back, and the next one loads from the store.
+///
+/// It also holds the vLLM server the process started for the run, if any, so that the
+/// stages of one `pipeline run` share one server.
 #[derive(Debug, Default)]
-pub struct Resident(Mutex<Option<LoadedPolicies>>);
+pub struct Resident {
+    policies: Mutex<Option<LoadedPolicies>>,
+    server: crate::engine::ServerSlot,
+}
 
 impl Resident {
     /// Version `version` of every policy: the resident set when every member is that
@@ -165,7 +176,7 @@ impl Resident {
     /// (the resident set dropped first, so two sets are never in memory).
     pub async fn take(&self, store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
         let markers = store.markers().await?;
-        let resident = self.0.lock().expect("resident policies").take();
+        let resident = self.policies.lock().expect("resident policies").take();
         match resident {
             Some(loaded) if loaded.are(&markers, config, version) => Ok(loaded),
             stale => {
@@ -176,6 +187,11 @@ impl Resident {
     }
 
     pub fn give_back(&self, loaded: LoadedPolicies) {
-        *self.0.lock().expect("resident policies") = Some(loaded);
+        *self.policies.lock().expect("resident policies") = Some(loaded);
+    }
+
+    /// The run's vLLM server, started by the first stage that needs it.
+    pub fn server(&self) -> &crate::engine::ServerSlot {
+        &self.server
     }
 }

@@ -39,9 +39,9 @@ use crate::model::{
 use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
 use crate::validate::{Invalid, check};
 
-pub(crate) use files::materialise;
 use files::materialise_file;
 use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
+pub(crate) use files::{cache_root, local_dir, materialise};
 pub use loaded::{LoadedPolicies, Member, Resident, load, load_all};
 
 /// One entry of `policies:` in a run's config.

@@ -21,8 +21,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::model::{GenerationSettings, KvBudget, SamplingConfig};
-use crate::play::responder::ModelResponder;
+use crate::engine::EngineKind;
+use crate::model::SamplingConfig;
 use crate::play::{self, Branching, Played, Setup};
 use crate::policies::{LoadedPolicies, Resident};
 use crate::progress::{Progress, phase};
@@ -35,6 +35,7 @@ use crate::validate::{Invalid, check};
 use crate::workflows::{Role, WorkflowKind};
 
 use super::Error;
+use super::engine::StageEngine;
 
 /// `evaluation:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +55,8 @@ pub struct EvaluationConfig {
     pub sampling: SamplingConfig,
     /// Memory for the sampler's key/value caches, GiB, as `rollout.kv_cache_gib`.
     pub kv_cache_gib: Option<f64>,
+    /// Who samples, as `rollout.engine`.
+    pub engine: EngineKind,
 }
 
 impl Default for EvaluationConfig {
@@ -66,6 +69,7 @@ impl Default for EvaluationConfig {
             modes: vec![EvalMode::MultiAgent],
             sampling: SamplingConfig::greedy(),
             kv_cache_gib: None,
+            engine: EngineKind::Tch,
         }
     }
 }
@@ -134,6 +138,9 @@ pub async fn run(
     let games = play::games(&config.env, &test)?;
     let mut loaded = resident.take(store, config, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let evaluation = &config.evaluation;
+    let engine =
+        StageEngine::prepare(evaluation.engine, evaluation.kv_cache_gib, store, config, &mut loaded, resident).await?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     for (mode_index, &mode) in config.evaluation.modes.iter().enumerate() {
@@ -144,13 +151,9 @@ pub async fn run(
         let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } =
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
-                    let settings = GenerationSettings {
-                        kv_budget: KvBudget::from_gib(config.evaluation.kv_cache_gib),
-                        ..GenerationSettings::from_config(&config.evaluation.sampling)
-                    };
                     let max_prompt = config.rollout.max_prompt_tokens as usize;
-                    let mut responder = ModelResponder::new(&mut loaded, settings, max_prompt);
-                    play::play(&games, &setup, &mut responder, &sandbox, progress)
+                    let sampling = &config.evaluation.sampling;
+                    engine.play(&mut loaded, sampling, max_prompt, &games, &setup, &sandbox, progress)
                 })
             })
             .map_err(|e| {

@@ -5,6 +5,7 @@
 //! the task batches).
 
 pub mod advantage;
+mod engine;
 pub mod evaluate;
 pub mod group;
 pub mod prepare_data;
@@ -58,6 +59,9 @@ pub enum Error {
 
     #[error(transparent)]
     Play(#[from] crate::play::Error),
+
+    #[error(transparent)]
+    Engine(#[from] crate::engine::Error),
 
     #[error(transparent)]
     Policy(#[from] crate::policies::Error),

@@ -9,8 +9,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::model::{GenerationSettings, KvBudget, SamplingConfig};
-use crate::play::responder::ModelResponder;
+use crate::engine::EngineKind;
+use crate::model::SamplingConfig;
 use crate::play::{self, Branching, Candidate, RolloutMode, Selection, Setup};
 use crate::policies::{self, LoadedPolicies, Resident};
 use crate::progress::{Progress, phase};
@@ -22,6 +22,7 @@ use crate::tasks;
 use crate::validate::{Invalid, check};
 
 use super::Error;
+use super::engine::StageEngine;
 
 /// `rollout:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +43,8 @@ pub struct RolloutConfig {
     /// Memory for the sampler's key/value caches, GiB; a share of the device's free
     /// memory when unset. Batches are sized from it.
     pub kv_cache_gib: Option<f64>,
+    /// Who samples: tch (petting's own sampler) or vllm (the server of `vllm:`).
+    pub engine: EngineKind,
 }
 
 impl Default for RolloutConfig {
@@ -54,6 +57,7 @@ impl Default for RolloutConfig {
             sampling: SamplingConfig::default(),
             max_prompt_tokens: 4096,
             kv_cache_gib: None,
+            engine: EngineKind::Tch,
         }
     }
 }
@@ -105,15 +109,14 @@ pub async fn run(
     let setup = setup(config, iteration);
     let games = play::games(&config.env, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
-    let settings = GenerationSettings {
-        kv_budget: KvBudget::from_gib(config.rollout.kv_cache_gib),
-        ..GenerationSettings::from_config(&config.rollout.sampling)
-    };
+    let rollout = &config.rollout;
+    let engine =
+        StageEngine::prepare(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded, resident).await?;
     let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {
-            let mut responder = ModelResponder::new(&mut loaded, settings, config.rollout.max_prompt_tokens as usize);
-            play::play(&games, &setup, &mut responder, &sandbox, progress)
+            let max_prompt = rollout.max_prompt_tokens as usize;
+            engine.play(&mut loaded, &rollout.sampling, max_prompt, &games, &setup, &sandbox, progress)
         })
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
@@ -159,6 +162,8 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], candidates: &[Candidate], lo
                 policy: c.policy.clone(),
                 policy_version: loaded.member(&c.policy).map_or(0, |m| m.version),
                 weights_sha256: loaded.member(&c.policy).map_or_else(String::new, |m| m.weights_sha256.clone()),
+                engine: c.reply.engine.name().to_string(),
+                engine_model: c.reply.engine_model.clone(),
                 branch: c.branch,
                 node_id: c.node_id,
                 parent_id: c.parent_id,

@@ -21,6 +21,9 @@ pub const RUN_CONFIG: &str = "run.yaml";
 pub const COMMITS_DIR: &str = "_commits";
 /// Earlier run.yaml versions, kept when a run resumes with a changed config.
 pub const CONFIG_HISTORY_DIR: &str = "_config_history";
+/// Logs of servers a local run started (its vLLM server), never committed and never
+/// collected by gc.
+pub const LOGS_DIR: &str = "_logs";
 
 /// A stage of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -15,3 +15,4 @@ mod scale_out;
 mod stages;
 mod store;
 mod update;
+mod vllm;

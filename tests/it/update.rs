@@ -161,6 +161,8 @@ fn turn(
         policy: policy.into(),
         policy_version: iteration,
         weights_sha256: String::new(),
+        engine: "tch".into(),
+        engine_model: "p".into(),
         branch: branch as u32,
         node_id: branch as u32,
         parent_id: None,

@@ -77,3 +77,44 @@ pub fn s3_run_store() -> Option<petting::store::RunStore> {
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(future)
 }
+
+/// The vLLM test server that scripts/test.sh starts, once it answers /health (it takes
+/// about a minute to load; the tests that need it wait here). With PETTING_REQUIRE_VLLM
+/// set, a missing or dead server fails the test.
+pub fn vllm_server() -> Option<String> {
+    let Ok(url) = std::env::var("PETTING_TEST_VLLM_URL") else {
+        if std::env::var_os("PETTING_REQUIRE_VLLM").is_some() {
+            panic!("PETTING_REQUIRE_VLLM is set but no vLLM test server is");
+        }
+        eprintln!("no vLLM test server (scripts/test.sh starts one): vLLM checks skipped");
+        return None;
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while !healthy(&url) {
+        let log = std::env::var("PETTING_TEST_VLLM_LOG").unwrap_or_default();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the vLLM test server at {url} is not up after 10 min; see {log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    Some(url)
+}
+
+/// Whether GET {url}/health answers 200.
+pub fn healthy(url: &str) -> bool {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let Ok(mut stream) = std::net::TcpStream::connect(address) else { return false };
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let request = format!("GET /health HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
+}
+
+/// A free port on loopback, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}

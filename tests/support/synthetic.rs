@@ -51,6 +51,8 @@ pub fn turn_rows(iteration: u32, rows: usize, seed: u64) -> Vec<TurnRow> {
                 policy: "shared".into(),
                 policy_version: iteration,
                 weights_sha256: format!("{iteration:064x}"),
+                engine: "tch".into(),
+                engine_model: "p".into(),
                 branch,
                 node_id: (i % 64) as u32,
                 parent_id: if turn == 0 && agent == "tool" { None } else { Some(0) },

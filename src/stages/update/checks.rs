@@ -19,8 +19,9 @@ pub(super) struct Sequence {
     pub(super) candidate_id: String,
     pub(super) prompt: Vec<i64>,
     pub(super) response: Vec<i64>,
-    /// Logprobs the rollout sampled the response with.
+    /// Logprobs the rollout sampled the response with, and what sampled it.
     pub(super) sampled: Vec<f32>,
+    pub(super) engine: String,
     pub(super) advantage: f64,
 }
 
@@ -220,6 +221,7 @@ fn sequence_of(sample: &SampleRow, turn: &TurnRow) -> Result<Option<Sequence>, E
         prompt: turn.prompt_tokens.iter().map(|&t| i64::from(t)).collect(),
         response: turn.response_tokens.iter().map(|&t| i64::from(t)).collect(),
         sampled: turn.response_logprobs.clone(),
+        engine: turn.engine.clone(),
         advantage: sample.advantage,
     }))
 }

@@ -53,7 +53,7 @@ use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, permutation, stream};
 use crate::schema::Table;
 use crate::store::{CommitInfo, CommitMarker, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
-use crate::tables::{self, SampleRow, TurnRow, UpdateRow};
+use crate::tables::{self, LogprobGapRow, SampleRow, TurnRow, UpdateRow};
 use crate::validate::{Invalid, check};
 
 use super::inputs;
@@ -81,6 +81,9 @@ pub struct UpdateConfig {
     /// Largest mean |recomputed - sampled| token logprob accepted before the first step;
     /// more means the weights or the sampler are wrong, and the update refuses.
     pub max_logprob_drift: f64,
+    /// Correct the engine-vs-trainer mismatch with truncated importance weights: each
+    /// token's loss weighted by min(π_trainer / π_engine, this cap), e.g. 2.0. Unset: none.
+    pub truncated_importance_ratio: Option<f64>,
 }
 
 impl Default for UpdateConfig {
@@ -93,6 +96,7 @@ impl Default for UpdateConfig {
             gradient_checkpointing: Checkpointing::Auto,
             share_prefix: true,
             max_logprob_drift: 0.05,
+            truncated_importance_ratio: None,
         }
     }
 }
@@ -103,7 +107,12 @@ impl UpdateConfig {
         check(self.mini_batch_sequences >= 1, "update.mini_batch_sequences", "must be at least 1")?;
         check(self.micro_batch_tokens >= 1, "update.micro_batch_tokens", "must be at least 1")?;
         check(self.grad_clip > 0.0, "update.grad_clip", "must be positive")?;
-        check(self.max_logprob_drift > 0.0, "update.max_logprob_drift", "must be positive")
+        check(self.max_logprob_drift > 0.0, "update.max_logprob_drift", "must be positive")?;
+        check(
+            self.truncated_importance_ratio.is_none_or(|c| c >= 1.0 && c.is_finite()),
+            "update.truncated_importance_ratio",
+            "must be a cap of at least 1 (e.g. 2.0), or unset for no correction",
+        )
     }
 
     /// What helps a training step that runs out of memory.
@@ -284,7 +293,7 @@ pub async fn run(
     }
     let mut loaded = resident.take(store, config, iteration).await?;
     let mut writer = store.begin(stage);
-    let (mut rows, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rows, mut gaps, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut model_seconds = 0.0;
     for (set, optimizer) in sets.into_iter().zip(optimizers) {
         let optimizer = optimizer.map(|path| AdamWState::load(&path)).transpose()?;
@@ -297,7 +306,8 @@ pub async fn run(
             train_ppo(policy, adapter.as_deref(), &set, &settings, optimizer, progress)
         })
         .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &config.update.memory_knob()))?;
-        rows.extend(trained);
+        rows.extend(trained.steps);
+        gaps.extend(trained.gaps);
         model_seconds += started.elapsed().as_secs_f64();
         let checkpoint = policies::save(&mut writer, &mut loaded, &set.name, iteration + 1, optimizer.as_ref()).await?;
         loaded.advance(&set.name, iteration + 1, checkpoint.weights_sha256.clone());
@@ -307,6 +317,11 @@ pub async fn run(
     if !rows.is_empty() {
         let batch = tables::to_batch(&rows).map_err(|source| super::Error::Encode { table: Table::Updates, source })?;
         writer.write_table(Table::Updates, Partition::Iteration(iteration), &[batch]).await?;
+    }
+    if !gaps.is_empty() {
+        let batch =
+            tables::to_batch(&gaps).map_err(|source| super::Error::Encode { table: Table::LogprobGaps, source })?;
+        writer.write_table(Table::LogprobGaps, Partition::Iteration(iteration), &[batch]).await?;
     }
     let info =
         CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
@@ -348,6 +363,7 @@ impl PpoSettings<'_> {
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,
                 aggregation: algorithm.name.aggregation(config.rollout.sampling.max_new_tokens),
+                importance_cap: update.truncated_importance_ratio,
             },
             max_drift: update.max_logprob_drift,
             reuse_first_forward: config.policies[name].lora.as_ref().is_none_or(|l| l.dropout == 0.0),
@@ -360,6 +376,12 @@ impl PpoSettings<'_> {
     fn steps(&self, sequences: usize) -> u64 {
         sequences.div_ceil(self.mini_batch) as u64 * u64::from(self.epochs)
     }
+}
+
+/// What a policy's PPO update recorded: a row per step, a gap row per sample.
+struct Trained {
+    steps: Vec<UpdateRow>,
+    gaps: Vec<LogprobGapRow>,
 }
 
 /// Runs the PPO-clip steps, continuing the optimiser state `optimizer`; one row per step,
@@ -377,10 +399,10 @@ fn train_ppo(
     settings: &PpoSettings,
     optimizer: Option<AdamWState>,
     progress: &dyn Progress,
-) -> Result<(Vec<UpdateRow>, Option<AdamWState>), super::Error> {
+) -> Result<(Trained, Option<AdamWState>), super::Error> {
     let sequences = &set.sequences;
     if sequences.is_empty() {
-        return Ok((Vec::new(), optimizer));
+        return Ok((Trained { steps: Vec::new(), gaps: Vec::new() }, optimizer));
     }
     let requests: Vec<ScoreRequest> = sequences
         .iter()
@@ -412,11 +434,22 @@ fn train_ppo(
         let own_forward = step == 0 && first_step > 0;
         let batch: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
         let old_batch: Vec<&[f32]> = chunk.iter().map(|&i| old[i].as_slice()).collect();
+        let sampled: Vec<&[f32]> = chunk.iter().map(|&i| sequences[i].sampled.as_slice()).collect();
         let advantages: Vec<f64> = chunk.iter().map(|&i| sequences[i].advantage).collect();
         let lr = settings.optimizer.learning_rate(u64::from(settings.iteration) * steps_per_iteration + step, total);
         let seed = stream(&[settings.seed, Key::PPO, step]);
         let old_given = (!own_forward).then_some(old_batch.as_slice());
-        let done = trainer.ppo_step(policy, &batch, old_given, &advantages, settings.clip, settings.micro, seed, lr)?;
+        let done = trainer.ppo_step(
+            policy,
+            &batch,
+            old_given,
+            &sampled,
+            &advantages,
+            settings.clip,
+            settings.micro,
+            seed,
+            lr,
+        )?;
         if step == 0 {
             if own_forward {
                 for (&i, logprobs) in chunk.iter().zip(&done.logprobs) {
@@ -430,7 +463,30 @@ fn train_ppo(
         rows.push(step_row(settings, set, chunk, &done.logprobs, &old, &drift, facts));
         progress.advance(1, tokens as u64);
     }
-    Ok((rows, Some(trainer.state())))
+    let gaps = gap_rows(set, &old);
+    Ok((Trained { steps: rows, gaps }, Some(trainer.state())))
+}
+
+/// Each sample's engine-vs-trainer gap, from the trainer's logprobs before the first step.
+fn gap_rows(set: &TrainingSet, trainer: &[Vec<f32>]) -> Vec<LogprobGapRow> {
+    set.sequences
+        .iter()
+        .zip(trainer)
+        .map(|(s, ours)| {
+            let diffs: Vec<f64> = ours.iter().zip(&s.sampled).map(|(a, b)| f64::from(a - b)).collect();
+            let (gap_mean, gap_max) = mean_max(diffs.iter().map(|d| d.abs()));
+            LogprobGapRow {
+                candidate_id: s.candidate_id.clone(),
+                policy: set.name.clone(),
+                version: set.current.version,
+                engine: s.engine.clone(),
+                tokens: diffs.len() as u32,
+                gap_mean,
+                gap_max,
+                log_ratio_mean: diffs.iter().sum::<f64>() / diffs.len().max(1) as f64,
+            }
+        })
+        .collect()
 }
 
 /// Each token's |recomputed − sampled| logprob; an error when their mean exceeds the limit
