@@ -68,7 +68,7 @@ fn every_table_is_registered_with_iteration_as_a_column() {
     assert!(ok, "{stderr}");
     assert_eq!(
         csv,
-        "table_name\ncheckpoints\ncommits\ndemonstrations\nevals\ngroups\nsamples\ntasks\nturns\nupdates\n"
+        "table_name\ncheckpoints\ncommits\ndemonstrations\nevals\ngroups\nlogprob_gaps\nsamples\ntasks\nturns\nupdates\n"
     );
     let (ok, csv, stderr) = run(&["sql", &url, "select count(*) as n from evals", "--format", "csv"]);
     assert!(ok && csv == "n\n0\n", "an empty table answers: {csv}{stderr}");
