@@ -109,11 +109,6 @@ impl VllmConfig {
         check(self.request_timeout_seconds >= 1, "vllm.request_timeout_seconds", "must be at least 1")?;
         check(self.max_concurrent_requests >= 1, "vllm.max_concurrent_requests", "must be at least 1")
     }
-
-    /// The URL without a trailing slash, for joining paths.
-    pub fn base_url(&self) -> &str {
-        self.url.trim_end_matches('/')
-    }
 }
 
 /// Why sampling through vLLM failed.

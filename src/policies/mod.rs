@@ -241,6 +241,18 @@ pub async fn fetch(store: &RunStore, markers: &[StoredMarker], name: &str, versi
     Ok(Fetched { name: name.to_string(), version, weights_sha256: checkpoint.weights_sha256.clone(), dir, base })
 }
 
+/// The verified local folder of one committed checkpoint alone (an adapter without its
+/// base): what an inference server loads.
+pub async fn checkpoint_folder(
+    store: &RunStore,
+    markers: &[StoredMarker],
+    name: &str,
+    version: u32,
+) -> Result<PathBuf, Error> {
+    let (marker, checkpoint) = find(markers, name, version)?;
+    materialise(store, &marker.marker.files, &checkpoint.dir).await
+}
+
 /// A local copy of the optimiser state committed with version `version` of `name`,
 /// checked against its marker, if it has one (v0 has none: its first update starts the
 /// optimisation). Read it with `AdamWState::load`.

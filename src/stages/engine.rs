@@ -44,13 +44,14 @@ impl StageEngine {
         let mut checkpoints = Vec::new();
         for name in config.policies.keys() {
             let Some(member) = loaded.member(name).cloned() else { continue };
-            let fetched = policies::fetch(store, &markers, name, member.version).await?;
+            // The checkpoint alone: an adapter's base is on the server already.
+            let dir = policies::checkpoint_folder(store, &markers, name, member.version).await?;
             let tied_embeddings = loaded.model(name).is_some_and(|(p, _)| p.config().tie_word_embeddings);
             checkpoints.push(engine::sync::Checkpoint {
                 policy: name.clone(),
                 version: member.version,
                 weights_sha256: member.weights_sha256,
-                dir: fetched.dir,
+                dir,
                 lora: loaded.is_lora(name),
                 tied_embeddings,
             });

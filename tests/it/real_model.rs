@@ -27,6 +27,22 @@ pub(crate) fn smollm2() -> &'static Path {
     })
 }
 
+/// The math environment on 8 shipped GSM-symbolic training tasks and 2 CHAMP test
+/// tasks, one turn of the tool agent and the reasoner: the real-model tests' workload.
+pub(crate) fn math_tasks() -> String {
+    let data = repo_root().join("datasets/math");
+    format!(
+        r#"env: {{name: math, tool_timeout_seconds: 10}}
+data:
+  train_tasks: 8
+  test_tasks: 2
+  train_file: {{path: {data}/gsm_symbolic.jsonl, columns: {{problem: problem, answer: answer}}}}
+  test_file: {{path: {data}/champ.jsonl, columns: {{problem: problem, answer: answer}}}}
+workflow: {{kind: tool_reasoner, max_turns: 1}}"#,
+        data = data.display()
+    )
+}
+
 fn sql(run: &Path, query: &str) -> Vec<String> {
     let csv = crate::pipeline::sql_at(run.to_str().unwrap(), query, "csv");
     csv.lines().skip(1).map(str::to_owned).collect()
@@ -36,7 +52,6 @@ fn sql(run: &Path, query: &str) -> Vec<String> {
 fn smollm2_trains_a_lora_adapter_per_role_for_two_iterations() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("run");
-    let data = repo_root().join("datasets/math");
     let config = dir.path().join("smollm2.yaml");
     let model = smollm2().display();
     std::fs::write(
@@ -45,13 +60,7 @@ fn smollm2_trains_a_lora_adapter_per_role_for_two_iterations() {
             r#"store: {store}
 seed: 7
 iterations: 2
-env: {{name: math, tool_timeout_seconds: 10}}
-data:
-  train_tasks: 8
-  test_tasks: 2
-  train_file: {{path: {data}/gsm_symbolic.jsonl, columns: {{problem: problem, answer: answer}}}}
-  test_file: {{path: {data}/champ.jsonl, columns: {{problem: problem, answer: answer}}}}
-workflow: {{kind: tool_reasoner, max_turns: 1}}
+{math}
 agents: {{tool: {{policy: tool_p}}, reasoner: {{policy: reasoner_p}}}}
 policies:
   tool_p: {{model: {model}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}
@@ -60,7 +69,7 @@ rollout: {{tasks_per_iteration: 2, k: 2, sampling: {{temperature: 1.0, max_new_t
 evaluation: {{tasks: 2, samples: 1, sampling: {{max_new_tokens: 24}}}}
 "#,
             store = store.display(),
-            data = data.display(),
+            math = math_tasks(),
         ),
     )
     .unwrap();

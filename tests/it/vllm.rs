@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::pipeline::{pipeline, sql_at};
+use crate::real_model::math_tasks;
 use crate::support::{free_port, petting, repo_root, run, vllm_server};
 
 /// The model folder the test servers load (scripts/test.sh imports it from the GGUF),
@@ -24,7 +25,6 @@ fn sql(run: &Path, query: &str) -> Vec<String> {
 /// A math run of `iterations` with these policies, agents and `vllm:` section, sampling
 /// and evaluating through vLLM.
 fn write_config(dir: &Path, iterations: u32, agents: &str, policies: &str, vllm: &str) -> PathBuf {
-    let data = repo_root().join("datasets/math");
     let config = dir.join("run.yaml");
     std::fs::write(
         &config,
@@ -32,13 +32,7 @@ fn write_config(dir: &Path, iterations: u32, agents: &str, policies: &str, vllm:
             r#"store: {store}
 seed: 7
 iterations: {iterations}
-env: {{name: math, tool_timeout_seconds: 10}}
-data:
-  train_tasks: 8
-  test_tasks: 2
-  train_file: {{path: {data}/gsm_symbolic.jsonl, columns: {{problem: problem, answer: answer}}}}
-  test_file: {{path: {data}/champ.jsonl, columns: {{problem: problem, answer: answer}}}}
-workflow: {{kind: tool_reasoner, max_turns: 1}}
+{math}
 agents: {agents}
 policies:
 {policies}
@@ -47,7 +41,7 @@ evaluation: {{tasks: 2, samples: 1, at_start: false, engine: vllm, sampling: {{m
 vllm: {vllm}
 "#,
             store = dir.join("run").display(),
-            data = data.display(),
+            math = math_tasks(),
         ),
     )
     .unwrap();
