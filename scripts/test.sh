@@ -13,17 +13,13 @@ scripts/install-test-models.sh
 scripts/install-vllm.sh
 export PETTING_PYTHON="$PWD/.venv/bin/python"
 
-# The vLLM server serves SmolLM2 as a Hugging Face folder, which petting imports from
-# the GGUF once; the full-weight test reloads an untied copy (see scripts/untie-embeddings.py).
+# The real models of the shipped pipelines, which the tests run; the vLLM server serves
+# SmolLM2 and the full-weight test reloads an untied copy (see scripts/untie-embeddings.py).
+scripts/install-models.sh
 cargo build --locked --bin petting
-smollm2=.models/smollm2-135m-instruct
-if [[ ! -f "$smollm2/model.safetensors" ]]; then
-    rm -rf "$smollm2.partial"
-    target/debug/petting model import-gguf .models/SmolLM2-135M-Instruct.Q4_1.gguf --output "$smollm2.partial"
-    mv "$smollm2.partial" "$smollm2"
-fi
-if [[ ! -f "$smollm2-untied/model.safetensors" ]]; then
-    .vllm/bin/python scripts/untie-embeddings.py "$smollm2" "$smollm2-untied"
+smollm2=checkpoints/smollm2-135m-instruct
+if [[ ! -f .models/smollm2-135m-instruct-untied/model.safetensors ]]; then
+    .vllm/bin/python scripts/untie-embeddings.py "$smollm2" .models/smollm2-135m-instruct-untied
 fi
 
 eval "$(scripts/s3-test-server.sh start)"

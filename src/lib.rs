@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod config;
 pub mod engine;
 pub mod envs;
+pub mod inputs;
 pub mod inspect;
 pub mod model;
 pub mod pipeline;

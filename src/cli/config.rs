@@ -14,14 +14,18 @@ fn load(args: &ConfigArgs) -> anyhow::Result<LoadedConfig> {
 pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
     let loaded = load(args)?;
     let file = &args.config;
+    let inputs = petting::inputs::check(&loaded.resolved()).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let c = &loaded.config;
     let agents: Vec<String> = c.agents.iter().map(|(role, a)| format!("{role} -> {}", a.policy)).collect();
     println!(
-        "{}: ok: {} played by {:?} ({}), {} iterations of {} tasks x K={}, store {}, config sha256 {}",
+        "{}: ok: {} played by {:?} ({}), {} train and {} test tasks, {} iterations of {} tasks x K={}, store {}, \
+         config sha256 {}",
         file.display(),
         c.env.name(),
         c.workflow.kind,
         agents.join(", "),
+        inputs.train_tasks,
+        inputs.test_tasks,
         c.iterations,
         c.rollout.tasks_per_iteration,
         c.rollout.k,

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::config::{self, ForkConfig, RunConfig};
+use crate::inputs;
 use crate::inspect::summary;
 use crate::policies::Resident;
 use crate::progress::Progress;
@@ -51,6 +52,9 @@ pub enum Error {
 
     #[error(transparent)]
     Summary(#[from] crate::inspect::Error),
+
+    #[error("{}: {source}", file.display())]
+    Inputs { file: std::path::PathBuf, source: inputs::Error },
 }
 
 /// How `petting pipeline run` was asked to run.
@@ -114,6 +118,11 @@ pub async fn open(mut draft: config::Draft, options: &Options, events: &mut dyn 
     }
     let loaded = draft.validate()?;
     let config = loaded.resolved();
+    // A whole new run must not fail minutes in for a missing file; `--until` steps
+    // (creating a run for workers that hold the models) are left to the stages.
+    if existing.is_none() && options.until.is_none() {
+        inputs::check(&config).map_err(|source| Error::Inputs { file: loaded.file.clone(), source })?;
+    }
     let stored = store.init_config(&loaded.frozen_yaml()).await?;
     let previous = config::parse(&stored, &run_yaml)?;
     if previous.sha256() != config.sha256() {

@@ -329,7 +329,8 @@ fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<
             })
             .collect::<Vec<_>>())
     };
-    let test_records = read(test_file)?;
+    // Only the test problems in use are held out, so one file can serve both splits.
+    let test_records: Vec<_> = read(test_file)?.into_iter().take(test_n).collect();
     let test_problems: HashSet<String> = test_records.iter().map(|r| r.1.trim().to_string()).collect();
     let mut seen = HashSet::new();
     let train_records: Vec<_> = read(train_file)?
@@ -406,6 +407,27 @@ mod tests {
         let other =
             config(&format!("seed: 7\nenv: {{name: sudoku}}\ndata: {{train_tasks: 300, test_tasks: 100}}\n{PLANNERS}"));
         assert_ne!(tasks(&other).unwrap().0[0].instance, train[0].instance);
+    }
+
+    #[test]
+    fn one_file_serves_both_splits_with_its_first_rows_held_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("math.jsonl");
+        let rows: Vec<String> = (0..25)
+            .map(|i| format!(r#"{{"id": "p{i}", "problem": "What is {i} + 1?", "answer": "{}"}}"#, i + 1))
+            .collect();
+        std::fs::write(&file, rows.join("\n")).unwrap();
+        let c = config(&format!(
+            "env: {{name: math}}\nworkflow: {{kind: single_agent}}\nagents: {{agent: {{policy: p}}}}\n\
+             data: {{train_tasks: 5, test_tasks: 20, train_file: {{path: {f}}}, test_file: {{path: {f}}}}}\n",
+            f = file.display()
+        ));
+        let (train, test) = tasks(&c).unwrap();
+        let ids = |rows: &[TaskRow]| {
+            rows.iter().map(|t| t.task_id.rsplit('-').next().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&test), (0..20).map(|i| format!("p{i}")).collect::<Vec<_>>());
+        assert_eq!(ids(&train), ["p20", "p21", "p22", "p23", "p24"]);
     }
 
     /// A small embedded-default config: Plan-Path 10x10, tool + planner sharing one

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use crate::support::{repo_root, run};
 
+/// Valid, with its data files and model folders (scripts/install-models.sh makes those).
 #[test]
 fn every_shipped_pipeline_is_valid() {
     let mut checked = 0;
@@ -109,6 +110,29 @@ fn bad_configs_name_the_file_the_key_and_what_is_allowed() {
     }
     let (ok, _, stderr) = run(&["config", "check", dir.path().join("absent.yaml").to_str().unwrap()]);
     assert!(!ok && stderr.contains("cannot read") && stderr.contains("absent.yaml"), "{stderr}");
+}
+
+#[test]
+fn a_missing_model_folder_or_data_file_is_named_before_a_run_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let no_model = write(dir.path(), "no-model.yaml", GOOD);
+    let math = repo_root().join("pipelines/math.yaml");
+    let math = std::fs::read_to_string(math).unwrap().replace("../datasets/math/gsm_symbolic.jsonl", "absent.jsonl");
+    let no_data = write(dir.path(), "no-data.yaml", &math.replace("../runs/math", "run"));
+    let cases = [
+        (no_model, vec!["no-model.yaml: policies.p.model: no model folder at ", "scripts/install-models.sh"]),
+        (no_data, vec!["no-data.yaml: data: ", "absent.jsonl: No such file"]),
+    ];
+    for (path, expected) in cases {
+        for command in [&["config", "check", &path][..], &["pipeline", "run", &path]] {
+            let (ok, _, stderr) = run(command);
+            assert!(!ok, "{command:?} was accepted");
+            for needle in &expected {
+                assert!(stderr.contains(needle), "{command:?}: expected {needle:?} in: {stderr}");
+            }
+            assert!(!dir.path().join("run").exists(), "{command:?} left a run behind");
+        }
+    }
 }
 
 #[test]

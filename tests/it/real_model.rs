@@ -3,28 +3,15 @@
 //! cannot show: real prompts of ~200 tokens, a 49k vocabulary, a tied lm_head.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use crate::pipeline::pipeline;
-use crate::support::{repo_root, run};
+use crate::support::repo_root;
 
-/// SmolLM2-135M-Instruct as a Hugging Face folder, imported once into cargo's
-/// per-target temporary folder and reused by later test runs.
-pub(crate) fn smollm2() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-135m-instruct");
-        if !dir.join("model.safetensors").exists() {
-            let gguf = repo_root().join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
-            assert!(gguf.exists(), "run scripts/install-test-models.sh");
-            let partial = dir.with_extension(format!("partial-{}", std::process::id()));
-            let (ok, _, stderr) =
-                run(&["model", "import-gguf", gguf.to_str().unwrap(), "--output", partial.to_str().unwrap()]);
-            assert!(ok, "{stderr}");
-            std::fs::rename(&partial, &dir).unwrap();
-        }
-        dir
-    })
+/// SmolLM2-135M-Instruct as a Hugging Face folder, as scripts/install-models.sh makes it.
+pub(crate) fn smollm2() -> PathBuf {
+    let dir = repo_root().join("checkpoints/smollm2-135m-instruct");
+    assert!(dir.join("model.safetensors").exists(), "run scripts/install-models.sh smollm2");
+    dir
 }
 
 /// The math environment on 8 shipped GSM-symbolic training tasks and 2 CHAMP test
@@ -53,7 +40,8 @@ fn smollm2_trains_a_lora_adapter_per_role_for_two_iterations() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("run");
     let config = dir.path().join("smollm2.yaml");
-    let model = smollm2().display();
+    let model = smollm2();
+    let model = model.display();
     std::fs::write(
         &config,
         format!(

@@ -9,11 +9,11 @@ use crate::pipeline::{pipeline, sql_at};
 use crate::real_model::math_tasks;
 use crate::support::{free_port, petting, repo_root, run, vllm_server};
 
-/// The model folder the test servers load (scripts/test.sh imports it from the GGUF),
-/// or its copy with the LM head untied from the embedding, which vLLM can reload.
+/// The model folder the test servers load (scripts/install-models.sh imports it from
+/// the GGUF), or its copy with the LM head untied from the embedding, which vLLM can reload.
 fn served_model(untied: bool) -> PathBuf {
-    let name = if untied { "smollm2-135m-instruct-untied" } else { "smollm2-135m-instruct" };
-    let dir = repo_root().join(".models").join(name);
+    let dir =
+        if untied { repo_root().join(".models/smollm2-135m-instruct-untied") } else { crate::real_model::smollm2() };
     assert!(dir.join("model.safetensors").exists(), "scripts/test.sh imports {}", dir.display());
     dir
 }
