@@ -4,8 +4,8 @@
     pip install reasoning-gym==0.1.25          # into any scratch virtual environment
     python datasets/make_datasets.py WHEELS    # with that environment's python
 
-Writes datasets/code/humaneval_{train,test}.jsonl, datasets/math/champ.jsonl and
-datasets/math/gsm_symbolic.jsonl. Deterministic: the same inputs give the same files.
+Writes datasets/code/humaneval_{train,test}.jsonl, datasets/math/champ.jsonl,
+datasets/math/gsm_symbolic.jsonl and datasets/math/arithmetic.jsonl. Deterministic: the same inputs give the same files.
 """
 
 import ast
@@ -105,7 +105,21 @@ def gsm_symbolic():
     write_jsonl(os.path.join(HERE, "math", "gsm_symbolic.jsonl"), rows)
 
 
+def arithmetic():
+    """Easy arithmetic (2-3 terms of 1-2 digits): a task a 135M chat model solves some
+    of the time, so its groups have mixed rewards where GSM's are all failures."""
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset(
+        "basic_arithmetic", size=2000, seed=1234, min_terms=2, max_terms=3, min_digits=1, max_digits=2,
+        allow_negation=False,
+    )
+    rows = [{"id": f"arithmetic/{i}", "problem": e["question"], "answer": str(e["answer"])} for i, e in enumerate(dataset)]
+    write_jsonl(os.path.join(HERE, "math", "arithmetic.jsonl"), rows)
+
+
 if __name__ == "__main__":
     humaneval(sys.argv[1])
     champ(sys.argv[1])
     gsm_symbolic()
+    arithmetic()

@@ -372,7 +372,8 @@ impl Env for Math {
     type Action = String;
 
     fn rules(&self) -> String {
-        format!("Solve the math problem. Give the final answer in \\boxed{{}}.\n\nProblem: {}", self.instance.problem)
+        // The answer format is each role's own (a program prints it, a reasoner boxes it).
+        format!("Solve the math problem.\n\nProblem: {}", self.instance.problem)
     }
 
     fn observation(&self) -> String {

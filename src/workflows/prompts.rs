@@ -28,7 +28,11 @@ pub fn tool_help(env: &AnyEnv) -> &'static str {
              - solve(room): the moves of a shortest solution as a string such as 'RRUL'\n\
              Print the moves, for example:\n```python\nprint(solve(room))\n```"
         }
-        AnyEnv::Math(_) => "Print only the final answer on the last line, for example:\n```python\nprint(2 + 3)\n```",
+        // No example program: small chat models copy one verbatim instead of the problem.
+        AnyEnv::Math(_) => {
+            "Write a Python program that computes the answer from the numbers in the problem and prints only the \
+             final answer with print() on the last line."
+        }
         AnyEnv::TicTacToe(_) | AnyEnv::Code(_) => "",
     }
 }

@@ -1,11 +1,12 @@
-//! A short run on a real pretrained instruct model: SmolLM2-135M-Instruct imported from
-//! its GGUF, two LoRA roles on one base, two iterations of math. What the toy model
-//! cannot show: real prompts of ~200 tokens, a 49k vocabulary, a tied lm_head.
+//! The shipped math, code and tic-tac-toe pipelines on the real pretrained instruct
+//! models they name (SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct, imported from
+//! their GGUFs), shrunk to a minute or two each, so these workflows cannot rot. What the
+//! toy model cannot show: real prompts of hundreds of tokens, 49k and 152k vocabularies,
+//! a tied lm_head, chat models following the answer formats.
 
 use std::path::{Path, PathBuf};
 
-use crate::pipeline::pipeline;
-use crate::support::repo_root;
+use crate::support::{repo_root, run};
 
 /// SmolLM2-135M-Instruct as a Hugging Face folder, as scripts/install-models.sh makes it.
 pub(crate) fn smollm2() -> PathBuf {
@@ -35,34 +36,66 @@ fn sql(run: &Path, query: &str) -> Vec<String> {
     csv.lines().skip(1).map(str::to_owned).collect()
 }
 
-#[test]
-fn smollm2_trains_a_lora_adapter_per_role_for_two_iterations() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("run");
-    let config = dir.path().join("smollm2.yaml");
-    let model = smollm2();
-    let model = model.display();
-    std::fs::write(
-        &config,
-        format!(
-            r#"store: {store}
-seed: 7
-iterations: 2
-{math}
-agents: {{tool: {{policy: tool_p}}, reasoner: {{policy: reasoner_p}}}}
-policies:
-  tool_p: {{model: {model}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}
-  reasoner_p: {{model: {model}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}
-rollout: {{tasks_per_iteration: 2, k: 2, sampling: {{temperature: 1.0, max_new_tokens: 24}}}}
-evaluation: {{tasks: 2, samples: 1, sampling: {{max_new_tokens: 24}}}}
-"#,
-            store = store.display(),
-            math = math_tasks(),
-        ),
-    )
-    .unwrap();
-    pipeline(config.to_str().unwrap());
+/// Runs a shipped pipeline shrunk to a minute or two, so the shipped configs, data files
+/// and model folders keep working together: a few tasks, K = 2, one turn, short
+/// replies, every group kept (the untrained model's rewards may all be equal), then
+/// `settings`. Returns the run's folder.
+fn run_shipped(dir: &Path, pipeline: &str, settings: &[&str]) -> PathBuf {
+    let store = dir.join("run");
+    let config = repo_root().join("pipelines").join(pipeline);
+    let shrunk = [
+        &format!("store={}", store.display()),
+        "seed=7",
+        "data.train_tasks=8",
+        "data.test_tasks=2",
+        "rollout.tasks_per_iteration=2",
+        "rollout.k=2",
+        "workflow.max_turns=1",
+        "algorithm.filter.drop_degenerate=false",
+        "evaluation.tasks=2",
+        "evaluation.samples=1",
+    ];
+    let mut args = vec!["pipeline", "run", config.to_str().unwrap()];
+    for setting in shrunk.into_iter().chain(settings.iter().copied()) {
+        args.extend(["--set", setting]);
+    }
+    let (ok, stdout, stderr) = run(&args);
+    assert!(ok, "{pipeline}: {stdout}\n{stderr}");
+    store
+}
 
+/// Each row of iteration k sampled by version k of its role's policy, and each update
+/// moved the weights it trained while staying on-policy.
+fn assert_on_policy_and_trained(store: &Path, iterations: u32, roles: &[(&str, &str)]) {
+    let mut expected_turns = Vec::new();
+    let mut expected_updates = Vec::new();
+    for k in 0..iterations {
+        for (agent, policy) in roles {
+            expected_turns.push(format!("{k},{agent},{policy},{k},{k}"));
+        }
+        let mut policies: Vec<&str> = roles.iter().map(|(_, policy)| *policy).collect();
+        policies.dedup();
+        expected_updates.extend(policies.iter().map(|policy| format!("{k},{policy},true,true")));
+    }
+    let turns = sql(
+        store,
+        "SELECT iteration, agent, policy, min(policy_version), max(policy_version) FROM turns \
+         GROUP BY 1, 2, 3 ORDER BY 1, 2",
+    );
+    assert_eq!(turns, expected_turns);
+    let updates =
+        sql(store, "SELECT iteration, policy, weights_change > 0, logprob_drift_max < 0.05 FROM updates ORDER BY 1, 2");
+    assert_eq!(updates, expected_updates);
+}
+
+#[test]
+fn shipped_math_lora_pipeline_trains_an_adapter_per_role_of_smollm2() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = run_shipped(
+        dir.path(),
+        "math-lora.yaml",
+        &["iterations=2", "rollout.sampling.max_new_tokens=24", "evaluation.sampling.max_new_tokens=24"],
+    );
     // One copy of the base for both roles; later versions add only adapters.
     let mut bases = Vec::new();
     for policy in std::fs::read_dir(store.join("checkpoints")).unwrap() {
@@ -72,25 +105,33 @@ evaluation: {{tasks: 2, samples: 1, sampling: {{max_new_tokens: 24}}}}
         }
     }
     assert_eq!(bases.len(), 1, "{bases:?}");
-    // Every row of iteration k was sampled by version k of its role's policy.
-    let versions = sql(
-        &store,
-        "SELECT iteration, agent, policy, min(policy_version), max(policy_version), count(*) FROM turns \
-         GROUP BY 1, 2, 3 ORDER BY 1, 2",
-    );
-    assert_eq!(
-        versions,
-        ["0,reasoner,reasoner_p,0,0,4", "0,tool,tool_p,0,0,4", "1,reasoner,reasoner_p,1,1,4", "1,tool,tool_p,1,1,4"]
-    );
-    // Each update moved the adapter it trained, and stayed on-policy.
-    let updates = sql(
-        &store,
-        "SELECT iteration, policy, weights_change > 0, logprob_drift_max < 0.05 FROM updates ORDER BY 1, 2",
-    );
-    assert_eq!(
-        updates,
-        ["0,reasoner_p,true,true", "0,tool_p,true,true", "1,reasoner_p,true,true", "1,tool_p,true,true"]
-    );
+    assert_on_policy_and_trained(&store, 2, &[("reasoner", "reasoner"), ("tool", "tool")]);
     let evaluated = sql(&store, "SELECT DISTINCT iteration FROM evals ORDER BY 1");
     assert_eq!(evaluated, ["0", "2"]);
+}
+
+#[test]
+fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = run_shipped(
+        dir.path(),
+        "code-lora.yaml",
+        &["iterations=1", "rollout.sampling.max_new_tokens=96", "evaluation.sampling.max_new_tokens=96"],
+    );
+    assert_on_policy_and_trained(&store, 1, &[("coder", "coder"), ("tester", "tester")]);
+    // The coder's programs ran on the hidden tests in the sandbox: each got a verdict.
+    let judged = sql(&store, "SELECT count(*) FROM turns WHERE agent = 'coder' AND feedback <> ''");
+    assert_eq!(judged, ["4"]);
+    let evaluated = sql(&store, "SELECT iteration, count(*) FROM evals GROUP BY 1 ORDER BY 1");
+    assert_eq!(evaluated, ["0,2", "1,2"]);
+}
+
+#[test]
+fn shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = run_shipped(dir.path(), "tic-tac-toe-smollm2.yaml", &["iterations=1"]);
+    // Both sides are the one shared adapter, trained once on both sides' turns.
+    assert_on_policy_and_trained(&store, 1, &[("player_o", "shared"), ("player_x", "shared")]);
+    let evaluated = sql(&store, "SELECT iteration, count(*) FROM evals GROUP BY 1 ORDER BY 1");
+    assert_eq!(evaluated, ["0,2", "1,2"]);
 }
