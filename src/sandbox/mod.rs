@@ -305,6 +305,9 @@ impl Sandbox {
         let input = program.stdin.clone();
         // Written from its own thread: a program that never reads must not block us.
         std::thread::spawn(move || {
+            // The CLI makes SIGPIPE fatal (`petting sql … | head`); a program that exits
+            // without reading its input must only fail this write, not end petting.
+            block_sigpipe_in_this_thread();
             let mut stdin = stdin;
             let _ = stdin.write_all(input.as_bytes());
         });
@@ -370,6 +373,18 @@ fn write_files(dir: &Path, program: &Program) -> std::io::Result<()> {
 }
 
 type Captured = mpsc::Receiver<(Vec<u8>, bool)>;
+
+/// A write to a closed pipe from this thread then fails with EPIPE; the SIGPIPE it
+/// raises stays pending on the thread and is dropped when the thread ends.
+fn block_sigpipe_in_this_thread() {
+    // SAFETY: plain calls on a local signal set; changes only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
 
 /// Reads a stream to its end, keeping the first `limit` bytes.
 fn spawn_reader(mut stream: impl Read + Send + 'static, limit: usize) -> Captured {

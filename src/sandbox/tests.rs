@@ -55,6 +55,21 @@ fn a_program_reads_stdin_and_its_own_files_and_reports_its_exit_code() {
     assert_eq!(crash.error_line(), "ZeroDivisionError: division by zero");
 }
 
+/// The CLI runs with SIGPIPE fatal; so does this test's process from here on (no other
+/// test here writes to a pipe that may close). Without the writer's blocked SIGPIPE the
+/// whole test binary dies on the first run.
+#[test]
+fn a_program_that_exits_without_reading_its_input_does_not_kill_the_caller() {
+    // SAFETY: sets the process's SIGPIPE disposition, as cli::main does.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let sandbox = sandbox(20);
+    let input = "1 2 3\n".repeat(200_000);
+    for _ in 0..5 {
+        let out = sandbox.run(&Program::new("print('bye')").with_stdin(input.clone())).unwrap();
+        assert_eq!((out.status, out.stdout.as_str()), (Status::Exited(0), "bye\n"));
+    }
+}
+
 #[test]
 fn string_hashing_is_reproducible() {
     let sandbox = sandbox(20);
