@@ -187,8 +187,12 @@ impl Env for TicTacToe {
     }
 
     fn observation(&self) -> String {
+        // The legal moves spelled out, so a small model can copy one instead of
+        // working out coordinates from the grid.
         let rows = self.instance().board.join("\n");
-        format!("{rows}\nYou play {}.", self.to_move.symbol())
+        let empty: Vec<String> =
+            (0..9).filter(|&c| self.cells[c].is_none()).map(|c| format!("{},{}", c / 3, c % 3)).collect();
+        format!("{rows}\nEmpty cells: {}\nYou play {}.", empty.join("  "), self.to_move.symbol())
     }
 
     fn parse(&self, text: &str) -> Result<usize, String> {
