@@ -117,11 +117,11 @@ fn a_missing_model_folder_or_data_file_is_named_before_a_run_exists() {
     let dir = tempfile::tempdir().unwrap();
     let no_model = write(dir.path(), "no-model.yaml", GOOD);
     let math = repo_root().join("pipelines/math.yaml");
-    let math = std::fs::read_to_string(math).unwrap().replace("../datasets/math/gsm_symbolic.jsonl", "absent.jsonl");
+    let math = std::fs::read_to_string(math).unwrap().replace("../datasets/math/", "absent/");
     let no_data = write(dir.path(), "no-data.yaml", &math.replace("../runs/math", "run"));
     let cases = [
         (no_model, vec!["no-model.yaml: policies.p.model: no model folder at ", "scripts/install-models.sh"]),
-        (no_data, vec!["no-data.yaml: data: ", "absent.jsonl: No such file"]),
+        (no_data, vec!["no-data.yaml: data: ", "absent/", "No such file"]),
     ];
     for (path, expected) in cases {
         for command in [&["config", "check", &path][..], &["pipeline", "run", &path]] {
