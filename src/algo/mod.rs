@@ -12,6 +12,7 @@ pub mod advantage;
 pub mod grouping;
 pub mod loss;
 pub mod schedule;
+pub mod stats;
 
 use serde::{Deserialize, Serialize};
 

@@ -8,23 +8,18 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Error, LogHint};
+use crate::model::SamplingConfig;
 
 /// One completion to ask for: prompt token ids in, token ids and logprobs out.
 #[derive(Debug, Clone)]
-pub struct CompletionRequest {
+pub struct CompletionRequest<'a> {
     /// The served model: the base's name or an adapter's.
-    pub model: String,
-    pub prompt_ids: Vec<i64>,
-    pub max_tokens: usize,
-    pub min_tokens: usize,
-    /// 0 is greedy.
-    pub temperature: f64,
-    pub top_p: f64,
-    /// 0: no top-k.
-    pub top_k: usize,
+    pub model: &'a str,
+    pub prompt_ids: &'a [i64],
+    /// As petting's own sampler takes it (temperature 0 is greedy, top_k 0 is none).
+    pub sampling: &'a SamplingConfig,
     pub seed: u64,
-    pub stop: Vec<String>,
-    pub stop_token_ids: Vec<i64>,
+    pub stop_token_ids: &'a [i64],
 }
 
 /// What came back: the sampled ids (the EOS or stop-completing token included) and each
@@ -140,7 +135,7 @@ impl VllmClient {
             .collect()
     }
 
-    pub async fn complete(&self, request: &CompletionRequest) -> Result<Completion, Error> {
+    pub async fn complete(&self, request: &CompletionRequest<'_>) -> Result<Completion, Error> {
         let during = format!("a completion with {}", request.model);
         let answer =
             self.call(reqwest::Method::POST, "/v1/completions", Some(completion_body(request)), &during).await?;
@@ -211,17 +206,17 @@ fn source_chain(error: &dyn std::error::Error) -> String {
 /// back (vLLM's `return_token_ids`), stop strings kept in the output as petting's sampler
 /// keeps them.
 pub fn completion_body(r: &CompletionRequest) -> Value {
+    let s = r.sampling;
     json!({
         "model": r.model,
         "prompt": r.prompt_ids,
-        "max_tokens": r.max_tokens,
-        "min_tokens": r.min_tokens,
-        "temperature": r.temperature,
-        "top_p": r.top_p,
-        "top_k": if r.top_k == 0 { -1 } else { r.top_k as i64 },
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": if s.top_k == 0 { -1 } else { i64::from(s.top_k) },
         // vLLM's seeds are signed 64-bit.
         "seed": r.seed & i64::MAX as u64,
-        "stop": r.stop,
+        "stop": s.stop,
         "stop_token_ids": r.stop_token_ids,
         "include_stop_str_in_output": true,
         "logprobs": 0,
@@ -275,17 +270,13 @@ mod tests {
 
     #[test]
     fn greedy_and_top_k_map_to_vllms_conventions() {
+        let sampling = SamplingConfig { max_new_tokens: 8, ..SamplingConfig::greedy() };
         let request = CompletionRequest {
-            model: "tool-v1".into(),
-            prompt_ids: vec![1, 2],
-            max_tokens: 8,
-            min_tokens: 0,
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
+            model: "tool-v1",
+            prompt_ids: &[1, 2],
+            sampling: &sampling,
             seed: u64::MAX,
-            stop: vec![],
-            stop_token_ids: vec![2],
+            stop_token_ids: &[2],
         };
         let body = completion_body(&request);
         assert_eq!(body["top_k"], -1);

@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::algo::stats::mean_max;
 use crate::model::{META_FILE, MicroBatching, OPTIMIZER_FILE, ScoreRequest};
 use crate::policies::LoadedPolicies;
 
@@ -182,8 +183,7 @@ pub fn mean_max_gap(a: &[f32], b: &[f32]) -> (f64, f64) {
     if a.len() != b.len() || a.is_empty() {
         return (f64::INFINITY, f64::INFINITY);
     }
-    let gaps: Vec<f64> = a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).collect();
-    (gaps.iter().sum::<f64>() / gaps.len() as f64, gaps.iter().copied().fold(0.0, f64::max))
+    mean_max(a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())))
 }
 
 /// A folder at `view` of links to the files of `dir` that are the model or adapter: all

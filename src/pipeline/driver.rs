@@ -54,7 +54,7 @@ pub enum Error {
     Summary(#[from] crate::inspect::Error),
 
     #[error("{}: {source}", file.display())]
-    Inputs { file: std::path::PathBuf, source: inputs::Error },
+    Inputs { file: std::path::PathBuf, source: Box<inputs::Error> },
 }
 
 /// How `petting pipeline run` was asked to run.
@@ -121,7 +121,7 @@ pub async fn open(mut draft: config::Draft, options: &Options, events: &mut dyn 
     // A whole new run must not fail minutes in for a missing file; `--until` steps
     // (creating a run for workers that hold the models) are left to the stages.
     if existing.is_none() && options.until.is_none() {
-        inputs::check(&config).map_err(|source| Error::Inputs { file: loaded.file.clone(), source })?;
+        inputs::check(&config).map_err(|e| Error::Inputs { file: loaded.file.clone(), source: Box::new(e) })?;
     }
     let stored = store.init_config(&loaded.frozen_yaml()).await?;
     let previous = config::parse(&stored, &run_yaml)?;

@@ -104,21 +104,15 @@ impl Responder for VllmResponder<'_> {
         let stop_token_ids = policy.config().eos_token_ids.clone();
         let rendered: Vec<(String, Vec<i64>)> =
             prompts.iter().map(|p| policy.agent_prompt(&p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
-        let s = self.sampling;
         let requests: Vec<CompletionRequest> = prompts
             .iter()
             .zip(&rendered)
             .map(|(p, (_, ids))| CompletionRequest {
-                model: served.clone(),
-                prompt_ids: ids.clone(),
-                max_tokens: s.max_new_tokens as usize,
-                min_tokens: 0,
-                temperature: s.temperature,
-                top_p: s.top_p,
-                top_k: s.top_k as usize,
+                model: &served,
+                prompt_ids: ids,
+                sampling: self.sampling,
                 seed: p.seed,
-                stop: s.stop.clone(),
-                stop_token_ids: stop_token_ids.clone(),
+                stop_token_ids: &stop_token_ids,
             })
             .collect();
         let started = Instant::now();

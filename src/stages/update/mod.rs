@@ -46,6 +46,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::loss::ppo_clip_loss;
+use crate::algo::stats::mean_max;
 use crate::config::RunConfig;
 use crate::model::{AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer, prompt_groups};
 use crate::policies::{self, Resident};
@@ -570,27 +571,9 @@ fn step_row(
     }
 }
 
-/// (mean, max) of the values; (0, 0) when there are none.
-fn mean_max(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (mut sum, mut max, mut n) = (0.0, 0.0f64, 0usize);
-    for v in values {
-        sum += v;
-        max = max.max(v);
-        n += 1;
-    }
-    if n == 0 { (0.0, 0.0) } else { (sum / n as f64, max) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn drift_statistics_are_mean_and_max() {
-        let (mean, max) = mean_max([0.5, 0.1, 0.3].into_iter());
-        assert!((mean - 0.3).abs() < 1e-12 && max == 0.5);
-        assert_eq!(mean_max(std::iter::empty()), (0.0, 0.0));
-    }
 
     #[test]
     fn an_epoch_keeps_each_groups_samples_together() {
