@@ -6,6 +6,7 @@
 //! commit marker names are never seen. `commits` and `checkpoints` are built from the
 //! markers themselves.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -65,7 +66,7 @@ impl RunSql {
         let commits = memory_table(&commit_rows(&markers))?;
         let register = |source| Error::Register { table: Table::Commits, source: Box::new(source) };
         ctx.register_table(Table::Commits.name(), commits).map_err(register)?;
-        let checkpoints = memory_table(&checkpoint_rows(&markers))?;
+        let checkpoints = memory_table(&checkpoint_rows(&markers, &store.pruned().await?))?;
         let register = |source| Error::Register { table: Table::Checkpoints, source: Box::new(source) };
         ctx.register_table(Table::Checkpoints.name(), checkpoints).map_err(register)?;
         Ok(RunSql { ctx })
@@ -134,11 +135,12 @@ fn commit_rows(markers: &[StoredMarker]) -> Vec<CommitRow> {
         .collect()
 }
 
-fn checkpoint_rows(markers: &[StoredMarker]) -> Vec<CheckpointRow> {
+fn checkpoint_rows(markers: &[StoredMarker], pruned: &BTreeMap<String, String>) -> Vec<CheckpointRow> {
     let mut rows = Vec::new();
     for m in markers {
         for checkpoint in &m.marker.checkpoints {
             let prefix = format!("{}/", checkpoint.dir);
+            let files = m.marker.files.iter().filter(|f| f.path.starts_with(&prefix));
             rows.push(CheckpointRow {
                 policy: checkpoint.policy.clone(),
                 version: checkpoint.version,
@@ -153,7 +155,8 @@ fn checkpoint_rows(markers: &[StoredMarker]) -> Vec<CheckpointRow> {
                     .iter()
                     .find(|f| f.path.strip_prefix(&prefix) == Some(crate::model::OPTIMIZER_FILE))
                     .map(|f| f.sha256.clone()),
-                bytes: m.marker.files.iter().filter(|f| f.path.starts_with(&prefix)).map(|f| f.bytes).sum(),
+                bytes: files.clone().map(|f| f.bytes).sum(),
+                pruned_bytes: files.filter(|f| pruned.contains_key(&f.path)).map(|f| f.bytes).sum(),
             });
         }
     }

@@ -247,6 +247,7 @@ pub struct CheckpointRow {
     pub weights_sha256: String,
     pub optimizer_sha256: Option<String>,
     pub bytes: u64,
+    pub pruned_bytes: u64,
 }
 impl Row for CheckpointRow {
     const TABLE: Table = Table::Checkpoints;

@@ -42,6 +42,9 @@ pub enum Command {
     Compare(CompareArgs),
     /// Delete files of a run that no commit marker names (crashed or losing attempts).
     Gc(GcArgs),
+    /// Delete checkpoint files a run no longer needs (older versions' optimiser states, and
+    /// with --weights their weights), recorded under _pruned/ so reads and verify know.
+    Prune(PruneArgs),
     /// Check every committed file of a run against the size and sha256 its marker records.
     Verify(RunArgs),
     /// Describe the tables a run holds and their columns.
@@ -312,6 +315,25 @@ pub struct GcArgs {
     /// stage may still commit.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub grace: std::time::Duration,
+    /// List what would be deleted, delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
+    pub run: String,
+    /// The newest versions of each policy kept whole (at least 1: the next update
+    /// continues from the newest version's optimiser state).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub keep_last: u32,
+    /// Also delete older versions' weights (version 0 is always kept).
+    #[arg(long)]
+    pub weights: bool,
+    /// With --weights: keep the weights of every version divisible by this.
+    #[arg(long, requires = "weights", value_parser = clap::value_parser!(u32).range(1..))]
+    pub keep_every: Option<u32>,
     /// List what would be deleted, delete nothing.
     #[arg(long)]
     pub dry_run: bool,

@@ -1,6 +1,7 @@
+use petting::policies::{Retention, doomed_files};
 use petting::store::RunStore;
 
-use super::args::GcArgs;
+use super::args::{GcArgs, PruneArgs};
 
 pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
@@ -25,7 +26,26 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
 pub async fn verify(url: &str) -> anyhow::Result<()> {
     let store = RunStore::open(url)?;
     store.ensure_exists().await?;
-    let checked = store.verify().await?;
+    let (checked, pruned) = store.verify().await?;
     println!("{checked} committed files match their size and sha256");
+    if pruned > 0 {
+        println!("{pruned} committed files were pruned on purpose (see _pruned/)");
+    }
+    Ok(())
+}
+
+pub async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+    let retention = Retention { keep_last: args.keep_last, weights: args.weights, keep_every: args.keep_every };
+    let store = RunStore::open(&args.run)?;
+    let markers = store.ensure_exists().await?;
+    let report = store.prune(&doomed_files(&markers, &retention), &retention.to_string(), args.dry_run).await?;
+    let verb = if args.dry_run { "would delete" } else { "deleted" };
+    for file in &report.files {
+        println!("{verb} {} ({})", file.path, super::human_bytes(file.bytes));
+    }
+    println!("{verb} {} checkpoint files, {}", report.files.len(), super::human_bytes(report.bytes()));
+    if let Some(record) = &report.record {
+        println!("recorded in {record}");
+    }
     Ok(())
 }

@@ -79,6 +79,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Report(args) => report::run(args).await,
         Command::Compare(args) => report::compare(args).await,
         Command::Gc(args) => gc::run(args).await,
+        Command::Prune(args) => gc::prune(args).await,
         Command::Verify(args) => gc::verify(&args.run).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),
         Command::Model(ModelCommand::Info { dir }) => model::info(&dir),

@@ -34,6 +34,10 @@ fn print(event: driver::Event) {
         driver::Event::Committed { stage, marker, seconds, elapsed } => {
             println!("{stage}: {} rows, {seconds:.1} s (total {elapsed:.0} s)", marker.rows())
         }
+        driver::Event::Pruned { files, bytes } if files > 0 => {
+            println!("retention: pruned {files} checkpoint files, {}", super::human_bytes(bytes))
+        }
+        driver::Event::Pruned { .. } => {}
         driver::Event::IterationDone { summary, .. } | driver::Event::Finished { summary } => println!("{summary}"),
     }
 }

@@ -93,6 +93,10 @@ pub struct RunConfig {
     /// iterations run from K on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork: Option<ForkConfig>,
+    /// Which checkpoint files the run keeps: after every update, older versions'
+    /// optimiser states (and, if asked, weights) are pruned. Absent: everything is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<crate::policies::Retention>,
 }
 
 /// A stored run and one of its iterations.
@@ -364,6 +368,9 @@ impl RunConfig {
         self.evaluation.validate(self.data.test_tasks)?;
         self.validate_evaluation_modes()?;
         self.validate_engine()?;
+        if let Some(retention) = &self.retention {
+            retention.validate("retention")?;
+        }
         if let Some(fork) = &self.fork {
             check(!fork.from.trim().is_empty(), "fork.from", "is empty; give the source run's path or URL")?;
             check(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::config::{self, ForkConfig, RunConfig};
 use crate::inputs;
 use crate::inspect::summary;
-use crate::policies::Resident;
+use crate::policies::{self, Resident};
 use crate::progress::Progress;
 use crate::stages::{self, replay, update};
 use crate::store::layout::RUN_CONFIG;
@@ -83,6 +83,8 @@ pub enum Event<'a> {
     Committed { stage: StageId, marker: &'a CommitMarker, seconds: f64, elapsed: f64 },
     /// This process committed iteration k's update: the iteration's summary line.
     IterationDone { iteration: u32, summary: &'a str },
+    /// After an update, the retention pruned older checkpoints' files.
+    Pruned { files: usize, bytes: u64 },
     /// Every stage is committed: held-out success per version and where the time went.
     Finished { summary: &'a str },
 }
@@ -176,6 +178,11 @@ pub async fn run(
                 elapsed: started.elapsed().as_secs_f64(),
             });
             if let (Stage::Update, Some(k)) = (id.stage, id.iteration) {
+                if let Some(retention) = &config.retention {
+                    let doomed = policies::doomed_files(&store.markers().await?, retention);
+                    let report = store.prune(&doomed, &retention.to_string(), false).await?;
+                    events(Event::Pruned { files: report.files.len(), bytes: report.bytes() });
+                }
                 let summary = summary::iteration(store, config, k).await?;
                 events(Event::IterationDone { iteration: k, summary: &summary });
             }

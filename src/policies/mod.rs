@@ -24,6 +24,7 @@
 
 mod files;
 mod loaded;
+mod retention;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,7 @@ use files::materialise_file;
 use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
 pub(crate) use files::{cache_root, local_dir, materialise};
 pub use loaded::{LoadedPolicies, Member, Resident, load, load_all};
+pub use retention::{Retention, doomed_files};
 
 /// One entry of `policies:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

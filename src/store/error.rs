@@ -32,6 +32,12 @@ pub enum Error {
     #[error("{path} in {url} is named by a commit marker but does not exist; it was deleted after it was committed")]
     MissingFile { url: String, path: String },
 
+    #[error(
+        "{path} in {url} was pruned (recorded in {record}): the run no longer keeps it; \
+         fork or resume from a version whose checkpoint was kept (petting sql: select version, pruned_bytes from checkpoints)"
+    )]
+    Pruned { url: String, path: String, record: String },
+
     #[error("commit marker {path} in {url} cannot be read: {reason}")]
     InvalidMarker { url: String, path: String, reason: String },
 

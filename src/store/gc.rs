@@ -34,6 +34,7 @@ pub(super) async fn collect(store: &RunStore, grace: Duration, dry_run: bool) ->
         let relative = store.relative(&meta.location);
         let is_marker = relative.starts_with(&format!("{}/", layout::COMMITS_DIR))
             || relative.starts_with(&format!("{}/", layout::CONFIG_HISTORY_DIR))
+            || relative.starts_with(&format!("{}/", layout::PRUNED_DIR))
             || relative.starts_with(&format!("{}/", layout::LOGS_DIR));
         if is_marker || relative == layout::RUN_CONFIG || committed.contains(relative.as_str()) {
             continue;

@@ -21,6 +21,8 @@ pub const RUN_CONFIG: &str = "run.yaml";
 pub const COMMITS_DIR: &str = "_commits";
 /// Earlier run.yaml versions, kept when a run resumes with a changed config.
 pub const CONFIG_HISTORY_DIR: &str = "_config_history";
+/// Records of checkpoint files deleted by a retention (store/prune.rs); never collected by gc.
+pub const PRUNED_DIR: &str = "_pruned";
 /// Logs of servers a local run started (its vLLM server), never committed and never
 /// collected by gc.
 pub const LOGS_DIR: &str = "_logs";

@@ -28,6 +28,7 @@ mod location;
 pub use location::absolute_path;
 pub mod marker;
 pub(crate) mod parquet_io;
+mod prune;
 pub mod status;
 mod writer;
 
@@ -45,6 +46,7 @@ pub use error::{Error, Result};
 pub use gc::GcReport;
 pub use layout::{Partition, Shard, Split, Stage, StageId};
 pub use marker::{CheckpointRef, CommitMarker, FileEntry, InputRef, PolicyRef};
+pub use prune::{PruneRecord, PruneReport};
 pub use writer::{CommitInfo, PendingCommit, StageWriter};
 
 use crate::schema::Table;
@@ -245,10 +247,9 @@ impl RunStore {
 
     /// Reads a committed file whole and checks it against its marker entry.
     pub async fn read_file(&self, entry: &FileEntry) -> Result<Bytes> {
-        let bytes = self
-            .get(&entry.path)
-            .await?
-            .ok_or_else(|| Error::MissingFile { url: self.url.clone(), path: entry.path.clone() })?;
+        let Some(bytes) = self.get(&entry.path).await? else {
+            return Err(self.missing(entry).await);
+        };
         self.check(entry, bytes.len() as u64, || sha256_hex(&bytes))?;
         Ok(bytes)
     }
@@ -300,13 +301,17 @@ impl RunStore {
         Ok(rows)
     }
 
-    /// Checks every committed file's size and sha256. Returns how many files were checked.
-    pub async fn verify(&self) -> Result<usize> {
+    /// Checks every committed file's size and sha256, except those a prune deleted.
+    /// Returns how many files were checked and how many were pruned.
+    pub async fn verify(&self) -> Result<(usize, usize)> {
         let markers = self.markers().await?;
+        let pruned = self.pruned().await?;
         let entries: Vec<&FileEntry> = markers.iter().flat_map(|m| &m.marker.files).collect();
-        let reads: Vec<_> = entries.iter().map(|entry| self.read_file(entry)).collect();
+        let (gone, present): (Vec<&FileEntry>, Vec<&FileEntry>) =
+            entries.into_iter().partition(|entry| pruned.contains_key(&entry.path));
+        let reads: Vec<_> = present.iter().map(|entry| self.read_file(entry)).collect();
         futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await?;
-        Ok(entries.len())
+        Ok((present.len(), gone.len()))
     }
 
     /// Deletes files no commit marker names (the leftovers of crashed or losing

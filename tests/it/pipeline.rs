@@ -495,3 +495,39 @@ fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together()
                      2,alone,4\n2,multi_agent,4\n2,tool_alone,4\n";
     assert_eq!(sql(&s, modes), evaluated);
 }
+
+#[test]
+fn a_retention_prunes_older_checkpoints_on_the_record_and_training_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, f) = (dir.path().join("a"), dir.path().join("f"));
+    let config = write_config(dir.path(), "a", &a, 5);
+    let text = std::fs::read_to_string(&config).unwrap() + "retention: {keep_last: 1, weights: true}\n";
+    std::fs::write(&config, text).unwrap();
+    let stdout = pipeline(&config);
+    assert!(stdout.contains("retention: pruned 14 checkpoint files"), "{stdout}");
+
+    // Version 0 and the newest stay whole; version 1 keeps only meta.json.
+    let files = |version: &str| {
+        let mut names: Vec<String> = std::fs::read_dir(a.join("checkpoints/coder"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(version))
+            .flat_map(|p| std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        names.join(" ")
+    };
+    assert_eq!(files("v000001"), "meta.json");
+    assert!(files("v000002").contains("optimizer.safetensors") && files("v000000").contains("model.safetensors"));
+    let (ok, stdout, stderr) = run(&["verify", a.to_str().unwrap()]);
+    assert!(ok && stdout.contains("14 committed files were pruned on purpose"), "{stdout}{stderr}");
+
+    // A fork from a pruned version says so (with an empty cache: another test may have
+    // cached the same verified bytes); the run itself trains on from the newest.
+    let fork = ["pipeline", "run", &write_config(dir.path(), "f", &f, 5), "--from", &format!("{}@1", a.display())];
+    let (ok, _, stderr) = output_of(petting().env("XDG_CACHE_HOME", dir.path()).args(fork).output().unwrap());
+    assert!(!ok && stderr.contains("was pruned"), "{stderr}");
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--set", "iterations=3", "--allow-config-change"]);
+    assert!(ok && stdout.contains("iteration 2: reward"), "{stdout}{stderr}");
+    assert_eq!(files("v000002"), "meta.json");
+}
