@@ -24,7 +24,11 @@ fi
 
 eval "$(scripts/s3-test-server.sh start)"
 eval "$(scripts/vllm-test-server.sh start)"
-trap 'scripts/s3-test-server.sh stop; scripts/vllm-test-server.sh stop' EXIT
+# The checkpoints the tests' runs cache (petting's cache_root) go in a folder of this
+# suite's own: under /tmp they would pile up, a few GB a suite, until the disk is full.
+XDG_CACHE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/petting-test-cache.XXXXXX")"
+export XDG_CACHE_HOME
+trap 'scripts/s3-test-server.sh stop; scripts/vllm-test-server.sh stop; rm -rf "$XDG_CACHE_HOME"' EXIT
 export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1
 
 status=0
