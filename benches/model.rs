@@ -17,7 +17,13 @@
 //!   whose own forward gives the old logprobs, with petting's AdamW (lr 1e-5, no
 //!   weight decay).
 //!
-//! Random weights from the bench configs (`Policy::scratch`, seed 0), float32, 2 threads.
+//! * `decode`: greedy generate of exactly `--new-tokens` tokens for `--batch` random
+//!   prompts of `--prompt-len` tokens, with the sampler's own split of prefill and decode
+//!   time: the GPU workload (`--device cuda --dtype bf16 --config
+//!   benches/configs/qwen3-1.7b.config.json`; `scripts/bench_decode_hf.py` is the other side).
+//!
+//! Random weights from the bench configs (`Policy::scratch`, seed 0; `--config` for another
+//! shape), float32 on CPU unless `--dtype`, 2 threads.
 //! One warm-up and 5 timed reps (`--reps`); a rep of ≥ 0.25 s during which other processes
 //! used ≥ 0.30 cores is discarded and redone, as the anchors do. One JSON line per run is
 //! appended to `--out`.
@@ -29,8 +35,8 @@ use std::time::Instant;
 
 use petting::algo::loss::Aggregation;
 use petting::model::{
-    ChatMessage, DType, GenerationRequest, GenerationSettings, LoadOptions, MicroBatching, ModelConfig,
-    OptimizerConfig, Policy, PpoClip, Sampling, SaveAs, ScoreRequest, TemplateOptions, Trainer,
+    ChatMessage, DType, Device, GenerationRequest, GenerationSettings, GenerationStats, LoadOptions, MicroBatching,
+    ModelConfig, OptimizerConfig, Policy, PpoClip, Sampling, SaveAs, ScoreRequest, TemplateOptions, Trainer,
 };
 use tch::Kind;
 use tch::nn::OptimizerConfig as _;
@@ -38,7 +44,12 @@ use tch::nn::OptimizerConfig as _;
 struct Args {
     model: String,
     model_dir: Option<String>,
+    config: Option<String>,
+    device: Device,
     dtype: Option<DType>,
+    batch: usize,
+    prompt_len: usize,
+    new_tokens: usize,
     workload: String,
     reps: usize,
     out: Option<String>,
@@ -49,7 +60,12 @@ fn parse_args() -> Args {
     let mut args = Args {
         model: "bench-tiny".into(),
         model_dir: None,
+        config: None,
+        device: Device::Cpu,
         dtype: None,
+        batch: 64,
+        prompt_len: 256,
+        new_tokens: 128,
         workload: "greedy".into(),
         reps: 5,
         out: None,
@@ -67,6 +83,15 @@ fn parse_args() -> Args {
                     other => panic!("--dtype f32|bf16, not {other:?}"),
                 }
             }
+            "--config" => args.config = it.next(),
+            "--device" => {
+                let name = it.next().expect("--device cpu|cuda|cuda:N");
+                args.device =
+                    serde_json::from_value(serde_json::Value::String(name)).expect("--device cpu|cuda|cuda:N");
+            }
+            "--batch" => args.batch = it.next().expect("--batch N").parse().expect("a number"),
+            "--prompt-len" => args.prompt_len = it.next().expect("--prompt-len N").parse().expect("a number"),
+            "--new-tokens" => args.new_tokens = it.next().expect("--new-tokens N").parse().expect("a number"),
             "--workload" => args.workload = it.next().expect("--workload NAME"),
             "--reps" => args.reps = it.next().expect("--reps N").parse().expect("a number"),
             "--out" => args.out = it.next(),
@@ -164,17 +189,22 @@ fn main() {
     petting::allocator::keep_freed_memory(); // as the petting binary does
     let args = parse_args();
     tch::set_num_threads(2);
-    let options = LoadOptions { dtype: args.dtype, ..LoadOptions::default() };
+    args.device.check_available().unwrap();
+    let options = LoadOptions { device: args.device, dtype: args.dtype };
     let mut policy = match &args.model_dir {
         Some(dir) => Policy::load(std::path::Path::new(dir), &options).unwrap(),
         None => {
-            let config_path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("../shared/bench/{}.config.json", args.model));
+            let config_path = args.config.clone().map(std::path::PathBuf::from).unwrap_or_else(|| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join(format!("../shared/bench/{}.config.json", args.model))
+            });
             Policy::scratch(ModelConfig::from_file(&config_path).unwrap(), 0, &options).unwrap()
         }
     };
     let vocab = policy.config().vocab_size;
     let total_tokens;
+    // The sampler's own account of each `decode` call, the warm-up first.
+    let mut generation_stats: Vec<GenerationStats> = Vec::new();
     let (kept, loads, discarded) = match args.workload.as_str() {
         "prefill" | "prefill_keep1" => {
             let prompts = random_ids(16, 256, vocab, 1234);
@@ -218,6 +248,24 @@ fn main() {
                     .collect();
                 let out = policy.generate(&requests, &settings).unwrap();
                 assert!(out.iter().all(|g| g.token_ids.len() == 128 && g.logprobs.len() == 128));
+            })
+        }
+        "decode" => {
+            let prompts = random_ids(args.batch, args.prompt_len, vocab, 1234);
+            total_tokens = args.batch * args.new_tokens;
+            let settings = GenerationSettings {
+                min_new_tokens: args.new_tokens,
+                ..GenerationSettings::new(Sampling::Greedy, args.new_tokens)
+            };
+            let requests: Vec<GenerationRequest> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), seed: i as u64, adapter: None })
+                .collect();
+            measure(args.reps, &mut || {
+                let (out, stats) = policy.generate_with_stats(&requests, &settings).unwrap();
+                assert!(out.iter().all(|g| g.token_ids.len() == args.new_tokens));
+                generation_stats.push(stats);
             })
         }
         "ce" | "ppo" => {
@@ -288,13 +336,16 @@ fn main() {
             let mut step = grpo_step(&mut policy);
             measure(args.reps, &mut step)
         }
-        other => panic!("unknown workload {other} (prefill, prefill_keep1, greedy, sampled, ce, ppo, grpo)"),
+        other => panic!("unknown workload {other} (prefill, prefill_keep1, greedy, sampled, decode, ce, ppo, grpo)"),
     };
     let med = median(&kept);
     let line = serde_json::json!({
         "side": "petting-tch",
         "model": args.model_dir.as_deref().unwrap_or(&args.model),
+        "config": args.config,
+        "device": args.device.to_string(),
         "dtype": format!("{:?}", policy.kind()),
+        "generation": generation_summary(&generation_stats, &args),
         "workload": args.workload,
         "tag": args.tag,
         "reps_s": kept,
@@ -313,6 +364,20 @@ fn main() {
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(out).unwrap();
         writeln!(f, "{line}").unwrap();
     }
+}
+
+/// Medians over the timed reps of where a `decode` call's time went (discarded reps included).
+fn generation_summary(stats: &[GenerationStats], args: &Args) -> serde_json::Value {
+    let Some((first, timed)) = stats.split_first() else { return serde_json::Value::Null };
+    let prefill = median(&timed.iter().map(|s| s.prefill_seconds).collect::<Vec<_>>());
+    let decode = median(&timed.iter().map(|s| s.decode_seconds).collect::<Vec<_>>());
+    serde_json::json!({
+        "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "slots": first.slots, "kv_cache_gib": first.kv_cache_bytes as f64 / (1u64 << 30) as f64,
+        "prefill_s": prefill, "decode_s": decode,
+        // The first token of each row comes from the prefill.
+        "decode_tokens_per_s": (first.generated_tokens - args.batch) as f64 / decode,
+    })
 }
 
 const GRPO_PROMPTS: usize = 4;
