@@ -341,8 +341,7 @@ fn main() {
     let med = median(&kept);
     let line = serde_json::json!({
         "side": "petting-tch",
-        "model": args.model_dir.as_deref().unwrap_or(&args.model),
-        "config": args.config,
+        "model": args.model_dir.as_deref().or(args.config.as_deref()).unwrap_or(&args.model),
         "device": args.device.to_string(),
         "dtype": format!("{:?}", policy.kind()),
         "generation": generation_summary(&generation_stats, &args),
