@@ -213,16 +213,20 @@ impl RunStore {
         Ok(committed_among(&self.markers().await?, stage, iteration))
     }
 
-    /// Every commit marker of the run, sorted by stage order.
-    pub async fn markers(&self) -> Result<Vec<StoredMarker>> {
-        let prefix = self.path(layout::COMMITS_DIR);
+    /// The paths, relative to the run, of every file under `dir`.
+    async fn list_relative(&self, dir: &str) -> Result<Vec<String>> {
         let metas: Vec<_> = self
             .store
-            .list(Some(&prefix))
+            .list(Some(&self.path(dir)))
             .try_collect()
             .await
-            .map_err(|e| self.object_error("list", layout::COMMITS_DIR, e))?;
-        let paths: Vec<String> = metas.iter().map(|m| self.relative(&m.location)).collect();
+            .map_err(|e| self.object_error("list", dir, e))?;
+        Ok(metas.iter().map(|m| self.relative(&m.location)).collect())
+    }
+
+    /// Every commit marker of the run, sorted by stage order.
+    pub async fn markers(&self) -> Result<Vec<StoredMarker>> {
+        let paths = self.list_relative(layout::COMMITS_DIR).await?;
         let reads: Vec<_> = paths.into_iter().map(|path| self.read_marker(path)).collect();
         let mut markers: Vec<StoredMarker> =
             futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_collect().await?;

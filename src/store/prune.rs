@@ -87,16 +87,8 @@ impl RunStore {
 
     /// Every pruned file, with the record that pruned it.
     pub async fn pruned(&self) -> Result<BTreeMap<String, String>> {
-        let prefix = self.path(layout::PRUNED_DIR);
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| self.object_error("list", layout::PRUNED_DIR, e))?;
         let mut pruned = BTreeMap::new();
-        for meta in metas {
-            let path = self.relative(&meta.location);
+        for path in self.list_relative(layout::PRUNED_DIR).await? {
             let bytes = self.get(&path).await?.unwrap_or_default();
             let record: PruneRecord = serde_json::from_slice(&bytes).map_err(|e| super::Error::InvalidMarker {
                 url: self.url.clone(),
