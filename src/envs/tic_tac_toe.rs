@@ -29,7 +29,7 @@ pub enum Opponent {
     /// The trained policy plays both sides.
     #[default]
     SelfPlay,
-    /// A perfect minimax player.
+    /// A perfect minimax player takes O; the trained policy plays X.
     Minimax,
 }
 

@@ -119,6 +119,9 @@ pub struct Setup {
     pub max_turns: u32,
     /// Each agent acts alone (see [`Episode::alone`]).
     pub alone: bool,
+    /// A role the environment's solver plays (tic-tac-toe's minimax opponent at
+    /// evaluation): its turns take the solver's move and are never sampled.
+    pub opponent: Option<Role>,
     /// role -> policy
     pub policies: HashMap<Role, String>,
     pub branching: Branching,
@@ -236,6 +239,11 @@ pub fn play(
     let mut candidates = Vec::new();
     let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
     loop {
+        if let Some(opponent) = setup.opponent {
+            for track in &mut tracks {
+                play_opponent(&mut track.episode, opponent, sandbox);
+            }
+        }
         let live: Vec<usize> = (0..tracks.len()).filter(|&i| !tracks[i].episode.is_done()).collect();
         if live.is_empty() {
             break;
@@ -293,6 +301,15 @@ pub fn play(
         })
         .collect();
     Ok(Played { candidates, finished, model_seconds: model.as_secs_f64(), sandbox_seconds: sandboxed.as_secs_f64() })
+}
+
+/// Plays the solver's moves for `opponent` until another agent is to act or the episode
+/// ends.
+fn play_opponent(episode: &mut Episode, opponent: Role, sandbox: &Sandbox) {
+    while !episode.is_done() && episode.next_agent() == Some(opponent) {
+        let Some(reply) = episode.oracle_reply() else { break };
+        episode.step(&reply, sandbox);
+    }
 }
 
 /// The replies of one step: `branches` per live track, in track order.
@@ -444,8 +461,8 @@ fn select<'a>(branching: Branching, outcomes: impl Iterator<Item = &'a TurnOutco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envs::PlanPath;
     use crate::envs::plan_path::PlanPathConfig;
+    use crate::envs::{PlanPath, TicTacToe};
     use crate::progress::Quiet;
     use crate::sandbox::SandboxConfig;
 
@@ -495,6 +512,7 @@ mod tests {
             workflow: WorkflowKind::ToolPlanner,
             max_turns: 1,
             alone: false,
+            opponent: None,
             policies: HashMap::from([(Role::Tool, "shared".into()), (Role::Planner, "shared".into())]),
             branching: Branching::new(mode, 3, Selection::BestReward, 1.0),
             seed_keys: vec![7, 0],
@@ -576,6 +594,45 @@ mod tests {
         assert_eq!(successes(&team, true), successes(&team, false), "the planner copies the tool's answer");
         assert_eq!(successes(&alone, true), successes(&team, true), "the same tool replies");
         assert!(!successes(&alone, false).contains(&true), "{alone:?}");
+    }
+
+    /// Players always take the first cell the prompt lists as empty.
+    struct FirstEmptyCell;
+
+    impl Responder for FirstEmptyCell {
+        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+            let mut replies = Scripted.respond("", prompts)?;
+            for (reply, prompt) in replies.iter_mut().zip(prompts) {
+                let listed = prompt.text.lines().rev().find_map(|l| l.strip_prefix("Empty cells: ")).unwrap();
+                reply.text = format!("#### {}", listed.split_whitespace().next().unwrap());
+            }
+            Ok(replies)
+        }
+    }
+
+    #[test]
+    fn the_minimax_opponent_plays_o_unsampled_where_self_play_would_lose() {
+        let empty = AnyEnv::TicTacToe(TicTacToe::from_instance(r#"{"board": ["...", "...", "..."]}"#).unwrap());
+        let games = vec![Game { task_id: "empty".into(), env: empty }];
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let self_play = Setup {
+            workflow: WorkflowKind::TwoPlayers,
+            max_turns: 5,
+            alone: false,
+            opponent: None,
+            policies: HashMap::from([(Role::PlayerX, "shared".into()), (Role::PlayerO, "shared".into())]),
+            branching: Branching::Independent { episodes: 1 },
+            seed_keys: vec![1],
+        };
+        let played = play(&games, &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
+        assert!(played.finished[0].success, "first-free-cell O lets X complete the diagonal");
+
+        let policies = HashMap::from([(Role::PlayerX, "shared".into())]);
+        let minimax = Setup { opponent: Some(Role::PlayerO), policies, ..self_play };
+        let played = play(&games, &minimax, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
+        assert!(!played.finished[0].success, "{:?}", played.finished);
+        assert!(played.candidates.iter().all(|c| c.agent == Role::PlayerX));
+        assert!(played.candidates.len() >= 2, "X moved more than once: O answered in between");
     }
 
     #[test]

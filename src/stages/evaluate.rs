@@ -9,6 +9,9 @@
 //!   is the planner's.
 //! * tool_alone: the same episodes; success is the tool agent's own answer.
 //!
+//! With tic-tac-toe's `env.eval_opponent: minimax`, the two-player modes play X with the
+//! trained policy (in swapped, O's) against a perfect minimax O.
+//!
 //! multi_agent and swapped play the agents together also where `workflow.alone` trains
 //! them apart: that is the paper's "train in single agent, evaluate in MAS".
 //!
@@ -22,6 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
 use crate::engine::EngineKind;
+use crate::envs::EnvConfig;
+use crate::envs::tic_tac_toe::Opponent;
 use crate::model::SamplingConfig;
 use crate::play::{self, Branching, Played, Setup};
 use crate::policies::{LoadedPolicies, Resident};
@@ -164,7 +169,7 @@ pub async fn run(
         model_seconds += model;
         sandbox_seconds += sandboxed;
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
-        let policies = describe(&setup.policies, &loaded);
+        let policies = describe(&setup, &loaded);
         rows.extend(finished.iter().map(|f| EvalRow {
             task_id: test[f.task_index].task_id.clone(),
             env: config.env.name().to_string(),
@@ -208,20 +213,35 @@ fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> S
             (config.workflow.kind, swapped)
         }
     };
+    let opponent = opponent(config, workflow);
+    let policies = policies.into_iter().filter(|(role, _)| Some(*role) != opponent).collect();
     Setup {
         workflow,
         max_turns: config.workflow.max_turns,
         alone: matches!(mode, EvalMode::Alone | EvalMode::ToolAlone),
+        opponent,
         policies,
         branching: Branching::Independent { episodes: config.evaluation.samples.max(1) },
         seed_keys: vec![config.seed, iteration as u64, Key::EVALUATE, mode_key],
     }
 }
 
-/// `role=policy@vN` pairs in role order, e.g. `planner=shared@v3,tool=shared@v3`.
-fn describe(policies: &HashMap<Role, String>, loaded: &LoadedPolicies) -> String {
-    let mut pairs: Vec<String> =
-        policies.iter().map(|(role, p)| format!("{role}={p}@v{}", loaded.member(p).map_or(0, |m| m.version))).collect();
+/// The role tic-tac-toe's minimax plays at evaluation when `env.eval_opponent` asks for it:
+/// O, against the trained policy's X.
+fn opponent(config: &RunConfig, workflow: WorkflowKind) -> Option<Role> {
+    let EnvConfig::TicTacToe(game) = &config.env else { return None };
+    (game.eval_opponent == Opponent::Minimax && workflow == WorkflowKind::TwoPlayers).then_some(Role::PlayerO)
+}
+
+/// `role=policy@vN` pairs in role order, e.g. `planner=shared@v3,tool=shared@v3`, or
+/// `player_o=minimax` for the solver's role.
+fn describe(setup: &Setup, loaded: &LoadedPolicies) -> String {
+    let mut pairs: Vec<String> = setup
+        .policies
+        .iter()
+        .map(|(role, p)| format!("{role}={p}@v{}", loaded.member(p).map_or(0, |m| m.version)))
+        .collect();
+    pairs.extend(setup.opponent.map(|role| format!("{role}=minimax")));
     pairs.sort();
     pairs.join(",")
 }

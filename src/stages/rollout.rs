@@ -139,6 +139,7 @@ fn setup(config: &RunConfig, iteration: u32) -> Setup {
         workflow: config.workflow.kind,
         max_turns: config.workflow.max_turns,
         alone: config.workflow.alone,
+        opponent: None,
         policies: config.agent_policies(),
         branching: Branching::new(rollout.mode, rollout.k, rollout.select, config.algorithm.alpha),
         seed_keys: vec![config.seed, iteration as u64, Key::ROLLOUT],

@@ -134,4 +134,7 @@ fn shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax() {
     assert_on_policy_and_trained(&store, 1, &[("player_o", "shared"), ("player_x", "shared")]);
     let evaluated = sql(&store, "SELECT iteration, count(*) FROM evals GROUP BY 1 ORDER BY 1");
     assert_eq!(evaluated, ["0,2", "1,2"]);
+    // The trained policy plays X only; O is the perfect player.
+    let players = sql(&store, "SELECT DISTINCT policies FROM evals ORDER BY 1");
+    assert_eq!(players, [r#""player_o=minimax,player_x=shared@v0""#, r#""player_o=minimax,player_x=shared@v1""#]);
 }
