@@ -611,7 +611,7 @@ mod tests {
     }
 
     #[test]
-    fn the_minimax_opponent_plays_o_unsampled_where_self_play_would_lose() {
+    fn the_minimax_opponent_plays_o_unsampled_and_denies_the_win_self_play_gives_x() {
         let empty = AnyEnv::TicTacToe(TicTacToe::from_instance(r#"{"board": ["...", "...", "..."]}"#).unwrap());
         let games = vec![Game { task_id: "empty".into(), env: empty }];
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
