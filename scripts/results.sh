@@ -34,10 +34,10 @@ for seed in "$@"; do
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
     for row in grpo per-role lora alone single-agent; do
         [[ -f "pipelines/$task-$row.yaml" ]] || continue
+        fork=("${from[@]}")
         if [[ $row == single-agent ]]; then
-            run "$task-$row-s$seed" "pipelines/$task-$row.yaml" --set seed="$seed"
-        else
-            run "$task-$row-s$seed" "pipelines/$task-$row.yaml" --set seed="$seed" "${from[@]}"
+            fork=()  # not a team: it warm-starts on its own demonstrations
         fi
+        run "$task-$row-s$seed" "pipelines/$task-$row.yaml" --set seed="$seed" "${fork[@]}"
     done
 done
