@@ -132,16 +132,46 @@ fn filter(scores: &Tensor, top_k: usize, top_p: f64) -> Tensor {
         scores = scores.masked_fill(&scores.lt_tensor(&kth), f64::NEG_INFINITY);
     }
     if top_p < 1.0 {
-        // Ascending sort; drop the low tail whose cumulative probability is ≤ 1 − top_p.
-        let (sorted, indices) = scores.sort(-1, false);
-        let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
-        let remove_sorted = cumulative.le(1.0 - top_p);
-        // The most likely token always stays.
-        let _ = remove_sorted.narrow(1, v - 1, 1).fill_(0);
-        let remove = remove_sorted.scatter(1, &indices, &remove_sorted);
-        scores = scores.masked_fill(&remove, f64::NEG_INFINITY);
+        scores = nucleus(&scores, top_p);
     }
     scores
+}
+
+/// Tokens searched for the nucleus before the whole vocabulary is sorted.
+const NUCLEUS_HEAD: i64 = 256;
+
+/// Keeps the nucleus of each row: a token stays while the tokens more likely than it hold
+/// less than `top_p` of the probability. Sorting a 152k vocabulary for every row at every
+/// step took over a second of a batch-79 decode step on this CPU, against 0.02 s for a
+/// `topk`; the nucleus nearly always lies in the few hundred most likely tokens, so it is
+/// found there, and only rows whose head holds less than `top_p` are sorted in full.
+fn nucleus(scores: &Tensor, top_p: f64) -> Tensor {
+    let head = NUCLEUS_HEAD.min(scores.size()[1]);
+    let (values, indices) = scores.topk(head, -1, true, true);
+    let probs = (values - scores.logsumexp([-1], true)).exp();
+    let cumulative = probs.cumsum(-1, Kind::Float);
+    let more_likely = &cumulative - &probs;
+    let keep = scores.zeros_like().to_kind(Kind::Bool).scatter(1, &indices, &more_likely.lt(top_p));
+    let mut kept = scores.masked_fill(&keep.logical_not(), f64::NEG_INFINITY);
+    let short = cumulative.select(1, head - 1).lt(top_p).nonzero().squeeze_dim(1);
+    if short.numel() > 0 {
+        let sorted = nucleus_by_sort(&scores.index_select(0, &short), top_p);
+        kept = kept.index_copy(0, &short, &sorted);
+    }
+    kept
+}
+
+/// The nucleus as transformers' `TopPLogitsWarper` finds it: sort ascending, drop the low
+/// tail whose cumulative probability is ≤ 1 − top_p.
+fn nucleus_by_sort(scores: &Tensor, top_p: f64) -> Tensor {
+    let v = scores.size()[1];
+    let (sorted, indices) = scores.sort(-1, false);
+    let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
+    let remove_sorted = cumulative.le(1.0 - top_p);
+    // The most likely token always stays.
+    let _ = remove_sorted.narrow(1, v - 1, 1).fill_(0);
+    let remove = remove_sorted.scatter(1, &indices, &remove_sorted);
+    scores.masked_fill(&remove, f64::NEG_INFINITY)
 }
 
 #[cfg(test)]
@@ -210,5 +240,20 @@ mod tests {
         assert_eq!(kept(0, 0.7), vec![1, 2]);
         assert_eq!(kept(0, 0.4), vec![1]);
         assert_eq!(kept(0, 0.01), vec![1]);
+    }
+
+    #[test]
+    fn the_nucleus_from_the_head_is_the_sorted_nucleus() {
+        // Peaked rows keep their nucleus within the head; the flat last row does not and
+        // is sorted in full.
+        tch::manual_seed(0);
+        let v = 1000;
+        let peaked = Tensor::randn([5, v], (Kind::Float, tch::Device::Cpu)) * 4.0;
+        let scores = Tensor::cat(&[peaked, Tensor::zeros([1, v], (Kind::Float, tch::Device::Cpu))], 0);
+        for top_p in [0.5, 0.9, 0.95, 0.999] {
+            let fast = nucleus(&scores, top_p).isfinite();
+            let sorted = nucleus_by_sort(&scores, top_p).isfinite();
+            assert!(fast.equal(&sorted), "top_p {top_p}");
+        }
     }
 }
