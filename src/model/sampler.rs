@@ -148,11 +148,11 @@ const NUCLEUS_HEAD: i64 = 256;
 fn nucleus(scores: &Tensor, top_p: f64) -> Tensor {
     let head = NUCLEUS_HEAD.min(scores.size()[1]);
     let (values, indices) = scores.topk(head, -1, true, true);
-    let probs = (values - scores.logsumexp([-1], true)).exp();
+    let probs = (&values - scores.logsumexp([-1], true)).exp();
     let cumulative = probs.cumsum(-1, Kind::Float);
     let more_likely = &cumulative - &probs;
-    let keep = scores.zeros_like().to_kind(Kind::Bool).scatter(1, &indices, &more_likely.lt(top_p));
-    let mut kept = scores.masked_fill(&keep.logical_not(), f64::NEG_INFINITY);
+    let head_kept = values.masked_fill(&more_likely.ge(top_p), f64::NEG_INFINITY);
+    let mut kept = scores.full_like(f64::NEG_INFINITY).scatter(1, &indices, &head_kept);
     let short = cumulative.select(1, head - 1).lt(top_p).nonzero().squeeze_dim(1);
     if short.numel() > 0 {
         let sorted = nucleus_by_sort(&scores.index_select(0, &short), top_p);
