@@ -17,8 +17,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 variant="${1:-cpu}"
 case "$variant" in
-    cpu) dest="$root/.libtorch" ;;
-    cuda) dest="$root/.libtorch-cuda" ;;
+    cpu) dest="$(readlink -f "$root/.libtorch")" ;;
+    cuda) dest="$(readlink -f "$root/.libtorch-cuda")" ;;
     *) echo "usage: scripts/install-libtorch.sh [cpu|cuda]" >&2; exit 2 ;;
 esac
 version="2.11.0"
@@ -32,7 +32,7 @@ fi
 # the install, and the final mv is a rename.
 need_mib=1700
 [[ "$variant" == cpu ]] || need_mib=9000
-free_mib=$(df --output=avail -m "$root" | tail -n 1 | tr -d ' ')
+free_mib=$(df --output=avail -m "$(dirname "$dest")" | tail -n 1 | tr -d ' ')
 if ((free_mib < need_mib)); then
     echo "install-libtorch: needs about $need_mib MiB free on the disk of $root for the torch wheel and" \
         "the unpacked libraries, and the build after it (scripts/test.sh) needs about 4 GiB more; df reports $free_mib MiB free" >&2
@@ -40,7 +40,7 @@ if ((free_mib < need_mib)); then
 fi
 
 python="${PYTHON:-python3}"
-work="$(mktemp -d "$root/.libtorch.partial.XXXXXX")"
+work="$(mktemp -d "$dest.partial.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
 cat > "$work/requirements.txt" <<REQ

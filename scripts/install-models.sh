@@ -10,6 +10,7 @@
 # Idempotent: a folder already imported is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/machine-cache.sh
 
 models=("$@")
 ((${#models[@]})) || models=(smollm2 qwen2.5-coder)

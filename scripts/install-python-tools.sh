@@ -4,7 +4,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 requirements="$root/scripts/requirements-test.txt"
-venv="$root/.venv"
+venv="$(readlink -f "$root/.venv")"  # the machine cache, where .venv links to it
 stamp="$venv/.petting-requirements"
 
 if [[ -f "$stamp" ]] && cmp -s "$stamp" "$requirements"; then

