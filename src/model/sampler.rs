@@ -92,7 +92,6 @@ impl Sampler {
         banned: &[(usize, i64)],
     ) -> (Vec<i64>, Vec<f32>) {
         let logits = logits.to_kind(Kind::Float);
-        let logprobs = logits.log_softmax(-1, Kind::Float);
         let mut scores = logits.shallow_clone();
         if !banned.is_empty() {
             let rows: Vec<i64> = banned.iter().map(|&(row, _)| row as i64).collect();
@@ -104,20 +103,56 @@ impl Sampler {
         let tokens = match self.sampling {
             Sampling::Greedy => scores.argmax(-1, false),
             Sampling::Sample { temperature, top_k, top_p } => {
-                let scores = filter(&(scores / temperature), top_k, top_p);
-                // Inverse CDF in vocabulary order, in float64 so that long tails add up.
-                let cdf = scores.softmax(-1, Kind::Double).cumsum(-1, Kind::Double);
+                let scores = scores / temperature;
                 let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Counter::at(s, t))).collect();
-                let total = cdf.select(1, -1).unsqueeze(1);
-                let u = Tensor::from_slice(&draws).to_device(logits.device()).unsqueeze(1) * total;
-                let v = logits.size()[1];
-                // First index whose cumulative probability exceeds u: zero-probability tokens are never hit.
-                u.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1).clamp_max(v - 1)
+                match head_candidates(&scores, top_k, top_p) {
+                    Some((head, ids)) => ids.gather(1, &inverse_cdf(&head, &draws).unsqueeze(1), false).squeeze_dim(1),
+                    None => inverse_cdf(&filter(&scores, top_k, top_p), &draws),
+                }
             }
         };
-        let chosen = logprobs.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1);
+        // log softmax at the chosen token only: a (B, V) log_softmax is one more full pass.
+        let chosen = logits.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1) - logits.logsumexp([-1], false);
         (Vec::<i64>::try_from(&tokens).expect("token ids"), Vec::<f32>::try_from(&chosen).expect("logprobs"))
     }
+}
+
+/// Inverts each row's CDF of softmax(scores) (B, C) in column order at its draw in [0, 1):
+/// the first column whose cumulative probability exceeds it. In float64 so that long
+/// tails add up; columns of probability zero are never hit.
+fn inverse_cdf(scores: &Tensor, draws: &[f64]) -> Tensor {
+    let cdf = scores.softmax(-1, Kind::Double).cumsum(-1, Kind::Double);
+    let total = cdf.select(1, -1).unsqueeze(1);
+    let u = Tensor::from_slice(draws).to_device(scores.device()).unsqueeze(1) * total;
+    let columns = scores.size()[1];
+    u.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1).clamp_max(columns - 1)
+}
+
+/// When top-k or top-p leaves each row only tokens among its most likely ones: those
+/// tokens' filtered scores and vocabulary ids, (B, C) in vocabulary order, so that the
+/// draw over them is the draw over the whole filtered vocabulary (up to float64
+/// rounding) without a float64 softmax and cumsum of 152k columns per row and step.
+/// None when nothing is filtered, or when some row's nucleus reaches past the head.
+fn head_candidates(scores: &Tensor, top_k: usize, top_p: f64) -> Option<(Tensor, Tensor)> {
+    let v = scores.size()[1];
+    let top_k = if top_k > 0 && (top_k as i64) < v { Some(top_k as i64) } else { None };
+    if top_k.is_none() && top_p >= 1.0 {
+        return None;
+    }
+    let head = top_k.unwrap_or(NUCLEUS_HEAD.min(v));
+    let (mut values, indices) = scores.topk(head, -1, true, true);
+    if top_p < 1.0 {
+        // The nucleus is taken from what top-k left, as transformers' warpers chain.
+        let total = if top_k.is_some() { values.logsumexp([-1], true) } else { scores.logsumexp([-1], true) };
+        let probs = (&values - total).exp();
+        let cumulative = probs.cumsum(-1, Kind::Float);
+        if cumulative.select(1, head - 1).lt(top_p).any().int64_value(&[]) != 0 {
+            return None;
+        }
+        values = values.masked_fill(&(&cumulative - &probs).ge(top_p), f64::NEG_INFINITY);
+    }
+    let (ids, order) = indices.sort(-1, false);
+    Some((values.gather(1, &order, false), ids))
 }
 
 /// top-k then top-p filtering of (B, V) scores, as transformers' `TopKLogitsWarper` and
@@ -240,6 +275,26 @@ mod tests {
         assert_eq!(kept(0, 0.7), vec![1, 2]);
         assert_eq!(kept(0, 0.4), vec![1]);
         assert_eq!(kept(0, 0.01), vec![1]);
+    }
+
+    #[test]
+    fn drawing_from_the_head_draws_what_the_whole_vocabulary_draws() {
+        tch::manual_seed(1);
+        let v = 2000;
+        let scores = Tensor::randn([8, v], (Kind::Float, tch::Device::Cpu)) * 3.0;
+        for (top_k, top_p) in [(0, 0.9), (0, 0.5), (50, 1.0), (50, 0.8), (300, 0.95)] {
+            let (head, ids) = head_candidates(&scores, top_k, top_p).expect("the nucleus lies in the head");
+            for step in 0..50u64 {
+                let draws: Vec<f64> = (0..8).map(|row| unit_f64(Counter::at(row, step))).collect();
+                let from_head = ids.gather(1, &inverse_cdf(&head, &draws).unsqueeze(1), false).squeeze_dim(1);
+                let from_vocabulary = inverse_cdf(&filter(&scores, top_k, top_p), &draws);
+                assert!(from_head.equal(&from_vocabulary), "top_k {top_k}, top_p {top_p}, step {step}");
+            }
+        }
+        // A flat row's nucleus is past the head: the whole vocabulary is filtered instead.
+        let flat = Tensor::zeros([1, v], (Kind::Float, tch::Device::Cpu));
+        assert!(head_candidates(&flat, 0, 0.9).is_none());
+        assert!(head_candidates(&scores, 0, 1.0).is_none());
     }
 
     #[test]
