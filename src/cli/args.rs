@@ -274,6 +274,9 @@ pub struct ConfigArgs {
     /// some configs are only valid as a fork (a LoRA adapter on a scratch-trained base).
     #[arg(long, value_name = "URL@K[:group]")]
     pub from: Option<petting::config::ForkConfig>,
+    /// Set a key of the file as `pipeline run --set` does, to check the variant it would run.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<petting::config::Override>,
 }
 
 #[derive(Debug, clap::Args)]

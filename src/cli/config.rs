@@ -2,9 +2,9 @@ use petting::config::{self, LoadedConfig};
 
 use super::args::ConfigArgs;
 
-/// The file validated as it stands, or as a fork with `--from`.
+/// The file validated with its `--set` keys, and as a fork with `--from`.
 fn load(args: &ConfigArgs) -> anyhow::Result<LoadedConfig> {
-    let mut draft = config::read(&args.config, &[])?;
+    let mut draft = config::read(&args.config, &args.overrides)?;
     if let Some(fork) = &args.from {
         draft.set_fork(fork.clone());
     }

@@ -20,6 +20,16 @@ fn every_shipped_pipeline_is_valid() {
 }
 
 #[test]
+fn config_check_checks_the_variant_its_set_keys_make() {
+    let path = repo_root().join("pipelines/math.yaml");
+    let path = path.to_str().unwrap();
+    let (ok, stdout, stderr) = run(&["config", "check", path, "--set", "iterations=3"]);
+    assert!(ok && stdout.contains(" 3 iterations of "), "{stdout}{stderr}");
+    let (ok, _, stderr) = run(&["config", "check", path, "--set", "rollout.kk=2"]);
+    assert!(!ok && stderr.contains("unknown field `kk`"), "{stderr}");
+}
+
+#[test]
 fn config_show_fills_in_the_defaults() {
     let path = repo_root().join("pipelines/plan-path.yaml");
     let (ok, stdout, stderr) = run(&["config", "show", path.to_str().unwrap()]);
