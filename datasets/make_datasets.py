@@ -34,16 +34,11 @@ def write_jsonl(path, rows):
     print(f"{path}: {len(rows)} rows", file=sys.stderr)
 
 
-DRIVER = "\n\nimport ast\nargs = ast.literal_eval(input())\nprint(repr({entry}(*args)))\n"
-
+# The function alone: petting's harness reads each test's argument tuple, calls the
+# `entry_point` and prints repr() of the result (src/envs/code.rs, Code::runnable).
 STATEMENT = """Complete this Python function:
 
-{prompt}
-Write the whole program. It is run once per test: it reads one line from standard input, a Python literal tuple of the arguments, and prints repr() of the function's return value. For example, end it with:
-
-import ast
-args = ast.literal_eval(input())
-print(repr({entry}(*args)))"""
+{prompt}"""
 
 
 def humaneval(wheels):
@@ -72,10 +67,11 @@ def humaneval(wheels):
             continue
         converted.append({
             "id": p["task_id"],
-            "problem": STATEMENT.format(prompt=p["prompt"].rstrip() + "\n", entry=p["entry_point"]),
+            "problem": STATEMENT.format(prompt=p["prompt"].rstrip() + "\n"),
+            "entry_point": p["entry_point"],
             "public_tests": tests[:1],
             "tests": tests[1:] if len(tests) > 1 else tests,
-            "solution": p["prompt"] + p["canonical_solution"] + DRIVER.format(entry=p["entry_point"]),
+            "solution": p["prompt"] + p["canonical_solution"],
         })
     print(f"HumanEval: {len(converted)} converted, skipped (no literal test call): {skipped}", file=sys.stderr)
     number = lambda row: int(row["id"].split("/")[1])

@@ -3,6 +3,11 @@
 //! * Instance: the problem statement, public tests (shown to the agents) and hidden
 //!   tests (the first `max_hidden_tests` score a program), each a stdin/stdout pair.
 //! * Action: the program in the reply's last ```python block (or last ``` block).
+//! * Function tasks (HumanEval): when the instance names an `entry_point`, the agents
+//!   write only that function and the harness around it does the input and output: it
+//!   reads the test's argument tuple before the reply's code runs, hides what that code
+//!   prints, and prints `repr` of the call. Small models asked to end a program with the
+//!   three driver lines copied only the lines, or left out `import ast` (RESULTS.md, code).
 //! * Reward: the fraction of hidden tests passed, each run in the sandbox with the
 //!   configured timeout; success when all pass. Outputs are compared after whitespace
 //!   normalisation (split on any whitespace, joined by one space). The episode's end is
@@ -50,6 +55,10 @@ pub struct Instance {
     /// scores the tester's tests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub solution: Option<String>,
+    /// The function a function task asks for; programs then run inside [`Code::runnable`]'s
+    /// harness. None: a whole program that reads stdin and prints the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_point: Option<String>,
 }
 
 /// How one test went.
@@ -138,6 +147,29 @@ impl Code {
         &self.instance
     }
 
+    /// What runs for a program (a reply's, the tester's judge, the reference solution):
+    /// the program itself, or for a function task the program inside a harness that
+    /// takes the test's one line of arguments first (so the program finds stdin empty),
+    /// discards what the program prints, and prints only `repr` of the call.
+    pub fn runnable(&self, program: &str) -> String {
+        let Some(entry) = &self.instance.entry_point else { return program.to_string() };
+        format!(
+            "import ast as _ast, io as _io, sys as _sys\n\
+             _args = _ast.literal_eval(_sys.stdin.readline())\n\
+             _sys.stdin = _io.StringIO('')\n\
+             _out, _sys.stdout = _sys.stdout, _io.StringIO()\n\
+             {program}\n\
+             _result = {entry}(*_args)\n\
+             _sys.stdout = _out\n\
+             print(repr(_result))\n"
+        )
+    }
+
+    /// True for a function task (the agents write the function, not a whole program).
+    pub fn is_function_task(&self) -> bool {
+        self.instance.entry_point.is_some()
+    }
+
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
@@ -158,10 +190,17 @@ impl Env for Code {
     type Action = String;
 
     fn rules(&self) -> String {
-        let mut text = format!(
-            "Write a Python 3 program that reads the input from standard input and prints the answer to standard output.\n\nProblem:\n{}",
-            self.instance.problem.trim_end()
-        );
+        let task = match &self.instance.entry_point {
+            Some(entry) => format!(
+                "Write the Python 3 function {entry}. Do not read input or print: each test calls {entry} with the \
+                 arguments of its input line (a Python tuple) and compares repr() of what it returns with the \
+                 expected output."
+            ),
+            None => "Write a Python 3 program that reads the input from standard input and prints the answer to \
+                     standard output."
+                .to_string(),
+        };
+        let mut text = format!("{task}\n\nProblem:\n{}", self.instance.problem.trim_end());
         for test in &self.instance.public_tests {
             text.push_str(&format!(
                 "\n\nExample input:\n{}\nExample output:\n{}",
@@ -181,7 +220,7 @@ impl Env for Code {
     }
 
     fn step(&mut self, program: &String, sandbox: &Sandbox) -> Step {
-        let results = run_tests(sandbox, program, self.scoring_tests(), self.timeout);
+        let results = run_tests(sandbox, &self.runnable(program), self.scoring_tests(), self.timeout);
         let passed = results.iter().filter(|r| r.passed).count();
         self.pass_rate = passed as f64 / results.len() as f64;
         let success = passed == results.len();
@@ -226,8 +265,34 @@ mod tests {
                 TestCase { input: "10 20\n".into(), output: " 30 \n\n".into() },
             ],
             solution: None,
+            entry_point: None,
         };
         Code::new(&CodeConfig { test_timeout_seconds: 5.0, max_hidden_tests: 4 }, instance)
+    }
+
+    #[test]
+    fn a_function_task_runs_the_function_inside_the_harness() {
+        let sb = Sandbox::new(SandboxConfig::default()).unwrap();
+        let test = |i: &str, o: &str| TestCase { input: i.into(), output: o.into() };
+        let instance = Instance {
+            problem: "def add(a, b): ...".into(),
+            public_tests: vec![test("(1, 2)\n", "3\n")],
+            tests: vec![test("(1, 2)\n", "3\n"), test("('a', 'b')\n", "'ab'\n")],
+            solution: None,
+            entry_point: Some("add".into()),
+        };
+        let mut env = Code::new(&CodeConfig { test_timeout_seconds: 5.0, max_hidden_tests: 4 }, instance);
+        assert!(env.rules().contains("Write the Python 3 function add."));
+        // The function alone; and with the reply's own driver lines and example prints,
+        // which the harness hides (the reply's input() finds stdin empty: EOFError).
+        let alone = "def add(a, b):\n    return a + b";
+        assert_eq!(env.step(&alone.to_string(), &sb).reward, 1.0);
+        let chatty = format!("{alone}\n\nprint(add(2, 2))\ntry:\n    print(add(*input()))\nexcept EOFError:\n    pass");
+        assert_eq!(env.step(&chatty, &sb).reward, 1.0);
+        let wrong = "def add(a, b):\n    print('debug')\n    return a";
+        let step = env.step(&wrong.to_string(), &sb);
+        assert_eq!((step.reward, step.success), (0.0, false));
+        assert_eq!(env.step(&"print(3)".to_string(), &sb).reward, 0.0, "no function: NameError");
     }
 
     #[test]

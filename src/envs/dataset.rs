@@ -1,7 +1,7 @@
 //! Math and code tasks from a user's JSONL or Parquet file, with a column mapping.
 //!
 //! Each [`DatasetField`] is read from the column the config maps it to, or from the
-//! column of its own name (`problem`, `answer`, `tests`, `public_tests`, `solution`,
+//! column of its own name (`problem`, `answer`, `tests`, `public_tests`, `solution`, `entry_point`,
 //! `id`). Math needs `problem` and `answer`; code needs `problem` and `tests`.
 //! Tests may be written as
 //! * a list of `{"input": …, "output": …}` objects,
@@ -83,6 +83,7 @@ pub enum DatasetField {
     Tests,
     PublicTests,
     Solution,
+    EntryPoint,
 }
 
 type Row = Map<String, Value>;
@@ -105,6 +106,7 @@ fn field_name(field: DatasetField) -> &'static str {
         DatasetField::Tests => "tests",
         DatasetField::PublicTests => "public_tests",
         DatasetField::Solution => "solution",
+        DatasetField::EntryPoint => "entry_point",
     }
 }
 
@@ -270,7 +272,8 @@ pub fn code_records(file: &DatasetFile) -> Result<Vec<Record<code::Instance>>, E
                 None => Vec::new(),
             };
             let solution = get(row, file, DatasetField::Solution).map(text);
-            let instance = code::Instance { problem, public_tests, tests, solution: solution.clone() };
+            let entry_point = get(row, file, DatasetField::EntryPoint).map(text);
+            let instance = code::Instance { problem, public_tests, tests, solution: solution.clone(), entry_point };
             Ok(Record { id: id_of(row, file, i), instance, solution })
         })
         .collect()

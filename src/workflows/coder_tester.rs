@@ -50,7 +50,7 @@ impl CoderTester {
         if self.tests.is_empty() {
             return false;
         }
-        let results = run_tests(sandbox, code, &self.tests, env.timeout());
+        let results = run_tests(sandbox, &env.runnable(code), &self.tests, env.timeout());
         self.test_report = Some(test_report(&self.tests, &results));
         results.iter().all(|r| r.passed)
     }
@@ -67,7 +67,7 @@ impl CoderTester {
         let AnyEnv::Code(code_env) = env else { unreachable!("coder_tester plays code (Episode::new checks)") };
         let judge = code_env.instance().solution.clone().or_else(|| self.code.clone());
         if let Some(program) = judge {
-            let results = run_tests(sandbox, &program, &tests, code_env.timeout());
+            let results = run_tests(sandbox, &code_env.runnable(&program), &tests, code_env.timeout());
             outcome.local_reward = results.iter().filter(|r| r.passed).count() as f64 / tests.len() as f64;
         }
         self.tests = tests;

@@ -46,6 +46,7 @@ pub fn answer_format(env: &AnyEnv) -> &'static str {
         }
         AnyEnv::TicTacToe(_) => "End your reply with your cell after ####, for example: #### 1,2",
         AnyEnv::Math(_) => "Think step by step, then give the final answer in \\boxed{}.",
+        AnyEnv::Code(code) if code.is_function_task() => "Reply with the function in one ```python block.",
         AnyEnv::Code(_) => "Reply with the complete program in one ```python block.",
     }
 }
@@ -121,9 +122,13 @@ pub fn coder(env: &AnyEnv, last_code: Option<&str>, test_report: Option<&str>, h
             "\n\nThe tester's tests on it:\n{report}\nDecide whether the program or the test is wrong, and fix the program if it is."
         ));
     }
+    let io = match env {
+        AnyEnv::Code(code) if code.is_function_task() => "",
+        _ => " Read the input with input() or sys.stdin and print the answer;",
+    };
     format!(
-        "You are the coder of a team of two; a tester writes test cases for your program. Read the input with input() \
-         or sys.stdin and print the answer; do not hard-code the examples.\n\n{}{}{}\n\n{}",
+        "You are the coder of a team of two; a tester writes test cases for your program.{io} do not hard-code the \
+         examples.\n\n{}{}{}\n\n{}",
         env.rules(),
         extra,
         history_block(history),

@@ -216,6 +216,7 @@ fn code() -> AnyEnv {
         public_tests: vec![test("1 2\n", "3\n")],
         tests: vec![test("1 2\n", "3\n"), test("-4 9\n", "5\n")],
         solution: Some("a, b = map(int, input().split())\nprint(a + b)".into()),
+        entry_point: None,
     };
     AnyEnv::Code(Code::new(&CodeConfig { test_timeout_seconds: 10.0, max_hidden_tests: 4 }, instance))
 }
