@@ -105,9 +105,11 @@ impl Sampler {
             Sampling::Sample { temperature, top_k, top_p } => {
                 let scores = scores / temperature;
                 let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Counter::at(s, t))).collect();
-                match head_candidates(&scores, top_k, top_p) {
-                    Some((head, ids)) => ids.gather(1, &inverse_cdf(&head, &draws).unsqueeze(1), false).squeeze_dim(1),
-                    None => inverse_cdf(&filter(&scores, top_k, top_p), &draws),
+                match candidates(&scores, top_k, top_p) {
+                    Candidates::Head { scores, ids } => {
+                        ids.gather(1, &inverse_cdf(&scores, &draws).unsqueeze(1), false).squeeze_dim(1)
+                    }
+                    Candidates::Vocabulary(scores) => inverse_cdf(&scores, &draws),
                 }
             }
         };
@@ -128,31 +130,49 @@ fn inverse_cdf(scores: &Tensor, draws: &[f64]) -> Tensor {
     u.searchsorted(&cdf, false, true, "right", None::<Tensor>).squeeze_dim(1).clamp_max(columns - 1)
 }
 
-/// When top-k or top-p leaves each row only tokens among its most likely ones: those
-/// tokens' filtered scores and vocabulary ids, (B, C) in vocabulary order, so that the
-/// draw over them is the draw over the whole filtered vocabulary (up to float64
-/// rounding) without a float64 softmax and cumsum of 152k columns per row and step.
-/// None when nothing is filtered, or when some row's nucleus reaches past the head.
-fn head_candidates(scores: &Tensor, top_k: usize, top_p: f64) -> Option<(Tensor, Tensor)> {
+/// The tokens each row may draw after top-k and top-p.
+enum Candidates {
+    /// Every row keeps only tokens among its most likely ones: their filtered scores and
+    /// vocabulary ids, (B, C) in vocabulary order, so that the draw over them is the draw
+    /// over the whole filtered vocabulary (up to float64 rounding) without a float64
+    /// softmax and cumsum of 152k columns per row and step.
+    Head { scores: Tensor, ids: Tensor },
+    /// Filtered scores over the whole vocabulary (B, V).
+    Vocabulary(Tensor),
+}
+
+impl Candidates {
+    fn head(values: &Tensor, indices: &Tensor) -> Candidates {
+        let (ids, order) = indices.sort(-1, false);
+        Candidates::Head { scores: values.gather(1, &order, false), ids }
+    }
+}
+
+fn candidates(scores: &Tensor, top_k: usize, top_p: f64) -> Candidates {
     let v = scores.size()[1];
-    let top_k = if top_k > 0 && (top_k as i64) < v { Some(top_k as i64) } else { None };
-    if top_k.is_none() && top_p >= 1.0 {
-        return None;
-    }
-    let head = top_k.unwrap_or(NUCLEUS_HEAD.min(v));
-    let (mut values, indices) = scores.topk(head, -1, true, true);
-    if top_p < 1.0 {
-        // The nucleus is taken from what top-k left, as transformers' warpers chain.
-        let total = if top_k.is_some() { values.logsumexp([-1], true) } else { scores.logsumexp([-1], true) };
-        let probs = (&values - total).exp();
-        let cumulative = probs.cumsum(-1, Kind::Float);
-        if cumulative.select(1, head - 1).lt(top_p).any().int64_value(&[]) != 0 {
-            return None;
+    if top_k > 0 && (top_k as i64) < v {
+        let (values, indices) = scores.topk(top_k as i64, -1, true, true);
+        if top_p >= 1.0 {
+            return Candidates::head(&values, &indices);
         }
-        values = values.masked_fill(&(&cumulative - &probs).ge(top_p), f64::NEG_INFINITY);
+        // The nucleus is taken from what top-k left, as transformers' warpers chain.
+        let total = values.logsumexp([-1], true);
+        let nucleus = HeadNucleus::new(values, indices, &total, top_p);
+        return if nucleus.short.numel() == 0 {
+            Candidates::head(&nucleus.values, &nucleus.indices)
+        } else {
+            Candidates::Vocabulary(filter(scores, top_k, top_p))
+        };
     }
-    let (ids, order) = indices.sort(-1, false);
-    Some((values.gather(1, &order, false), ids))
+    if top_p >= 1.0 {
+        return Candidates::Vocabulary(scores.shallow_clone());
+    }
+    let nucleus = HeadNucleus::of(scores, top_p);
+    if nucleus.short.numel() == 0 {
+        Candidates::head(&nucleus.values, &nucleus.indices)
+    } else {
+        Candidates::Vocabulary(nucleus.over_vocabulary(scores, top_p))
+    }
 }
 
 /// top-k then top-p filtering of (B, V) scores, as transformers' `TopKLogitsWarper` and
@@ -181,19 +201,44 @@ const NUCLEUS_HEAD: i64 = 256;
 /// `topk`; the nucleus nearly always lies in the few hundred most likely tokens, so it is
 /// found there, and only rows whose head holds less than `top_p` are sorted in full.
 fn nucleus(scores: &Tensor, top_p: f64) -> Tensor {
-    let head = NUCLEUS_HEAD.min(scores.size()[1]);
-    let (values, indices) = scores.topk(head, -1, true, true);
-    let probs = (&values - scores.logsumexp([-1], true)).exp();
-    let cumulative = probs.cumsum(-1, Kind::Float);
-    let more_likely = &cumulative - &probs;
-    let head_kept = values.masked_fill(&more_likely.ge(top_p), f64::NEG_INFINITY);
-    let mut kept = scores.full_like(f64::NEG_INFINITY).scatter(1, &indices, &head_kept);
-    let short = cumulative.select(1, head - 1).lt(top_p).nonzero().squeeze_dim(1);
-    if short.numel() > 0 {
-        let sorted = nucleus_by_sort(&scores.index_select(0, &short), top_p);
-        kept = kept.index_copy(0, &short, &sorted);
+    HeadNucleus::of(scores, top_p).over_vocabulary(scores, top_p)
+}
+
+/// The nucleus among each row's most likely tokens.
+struct HeadNucleus {
+    /// The head's scores, most likely first, with the tokens outside the nucleus at −∞.
+    values: Tensor,
+    /// Their vocabulary ids.
+    indices: Tensor,
+    /// The rows whose head holds less than `top_p`: their nucleus reaches past it.
+    short: Tensor,
+}
+
+impl HeadNucleus {
+    /// From the `NUCLEUS_HEAD` most likely tokens of (B, V) scores.
+    fn of(scores: &Tensor, top_p: f64) -> HeadNucleus {
+        let (values, indices) = scores.topk(NUCLEUS_HEAD.min(scores.size()[1]), -1, true, true);
+        HeadNucleus::new(values, indices, &scores.logsumexp([-1], true), top_p)
     }
-    kept
+
+    /// From a head (most likely first) and the log of its rows' total probability mass.
+    fn new(values: Tensor, indices: Tensor, total: &Tensor, top_p: f64) -> HeadNucleus {
+        let probs = (&values - total).exp();
+        let cumulative = probs.cumsum(-1, Kind::Float);
+        let more_likely = &cumulative - &probs;
+        let short = cumulative.select(1, -1).lt(top_p).nonzero().squeeze_dim(1);
+        HeadNucleus { values: values.masked_fill(&more_likely.ge(top_p), f64::NEG_INFINITY), indices, short }
+    }
+
+    /// The filtered (B, V) scores: the head's kept tokens, and the short rows sorted in full.
+    fn over_vocabulary(&self, scores: &Tensor, top_p: f64) -> Tensor {
+        let kept = scores.full_like(f64::NEG_INFINITY).scatter(1, &self.indices, &self.values);
+        if self.short.numel() == 0 {
+            return kept;
+        }
+        let sorted = nucleus_by_sort(&scores.index_select(0, &self.short), top_p);
+        kept.index_copy(0, &self.short, &sorted)
+    }
 }
 
 /// The nucleus as transformers' `TopPLogitsWarper` finds it: sort ascending, drop the low
@@ -283,7 +328,9 @@ mod tests {
         let v = 2000;
         let scores = Tensor::randn([8, v], (Kind::Float, tch::Device::Cpu)) * 3.0;
         for (top_k, top_p) in [(0, 0.9), (0, 0.5), (50, 1.0), (50, 0.8), (300, 0.95)] {
-            let (head, ids) = head_candidates(&scores, top_k, top_p).expect("the nucleus lies in the head");
+            let Candidates::Head { scores: head, ids } = candidates(&scores, top_k, top_p) else {
+                panic!("the nucleus lies in the head: top_k {top_k}, top_p {top_p}")
+            };
             for step in 0..50u64 {
                 let draws: Vec<f64> = (0..8).map(|row| unit_f64(Counter::at(row, step))).collect();
                 let from_head = ids.gather(1, &inverse_cdf(&head, &draws).unsqueeze(1), false).squeeze_dim(1);
@@ -293,8 +340,8 @@ mod tests {
         }
         // A flat row's nucleus is past the head: the whole vocabulary is filtered instead.
         let flat = Tensor::zeros([1, v], (Kind::Float, tch::Device::Cpu));
-        assert!(head_candidates(&flat, 0, 0.9).is_none());
-        assert!(head_candidates(&scores, 0, 1.0).is_none());
+        assert!(matches!(candidates(&flat, 0, 0.9), Candidates::Vocabulary(_)));
+        assert!(matches!(candidates(&scores, 0, 1.0), Candidates::Vocabulary(_)));
     }
 
     #[test]
