@@ -170,6 +170,11 @@ impl Code {
         self.instance.entry_point.is_some()
     }
 
+    /// The function a function task asks for.
+    pub fn entry_point(&self) -> Option<&str> {
+        self.instance.entry_point.as_deref()
+    }
+
     pub fn timeout(&self) -> Duration {
         self.timeout
     }

@@ -1,11 +1,12 @@
-//! Coder + tester (code): the coder writes the program, the tester writes test cases.
+//! Coder + tester (code): the coder writes the program, the tester writes test cases
+//! (Input/Output blocks, or for a function task `assert` lines).
 //! The coder earns the pass rate of the hidden tests; the tester earns the share of its
 //! tests the reference program passes (when the task has one; otherwise the share the
 //! coder's program passes). Done when the coder's program passes all the tester's tests.
 
 use crate::envs::AnyEnv;
-use crate::envs::code::{TestCase, TestResult, extract_program, run_tests};
-use crate::sandbox::Sandbox;
+use crate::envs::code::{Code, TestCase, TestResult, extract_program, run_tests};
+use crate::sandbox::{Program, Sandbox};
 
 use super::{NO_ANSWER, Role, TurnOutcome, env_step, prompts, shorten};
 
@@ -57,14 +58,17 @@ impl CoderTester {
 
     fn tester_step(&mut self, env: &AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         let mut outcome = TurnOutcome::blank(agent);
-        let tests = parse_tests(reply);
+        let AnyEnv::Code(code_env) = env else { unreachable!("coder_tester plays code (Episode::new checks)") };
+        let (tests, format) = match code_env.entry_point() {
+            Some(entry) => (asserted_tests(code_env, entry, reply, sandbox), "assert lines"),
+            None => (parse_tests(reply), "**Test Input:** and **Test Output:** blocks"),
+        };
         if tests.is_empty() {
-            outcome.parse_error = Some("no test found; write **Test Input:** and **Test Output:** blocks".into());
+            outcome.parse_error = Some(format!("no test found; write {format}"));
             outcome.local_reward = NO_ANSWER;
             return outcome;
         }
         outcome.action = Some(serde_json::to_string(&tests).expect("tests serialise"));
-        let AnyEnv::Code(code_env) = env else { unreachable!("coder_tester plays code (Episode::new checks)") };
         let judge = code_env.instance().solution.clone().or_else(|| self.code.clone());
         if let Some(program) = judge {
             let results = run_tests(sandbox, &code_env.runnable(&program), &tests, code_env.timeout());
@@ -98,6 +102,94 @@ pub fn parse_tests(reply: &str) -> Vec<TestCase> {
     inputs.into_iter().zip(outputs).map(|(input, output)| TestCase { input, output }).collect()
 }
 
+/// Test cases of a function task's tester reply: its `assert entry(args) == expected`
+/// lines, with the argument tuple and the expected value rewritten as Python's `repr`
+/// (the harness's input line and output), so that `"a"` and `'a'`, or `[1,2]` and
+/// `[1, 2]`, are the same test. Asserts whose values are not Python literals are skipped.
+fn asserted_tests(env: &Code, entry: &str, reply: &str, sandbox: &Sandbox) -> Vec<TestCase> {
+    let asserts: Vec<(String, String)> = reply.lines().filter_map(|line| split_assert(line, entry)).collect();
+    if asserts.is_empty() {
+        return Vec::new();
+    }
+    let literals: String = asserts.iter().map(|(args, expected)| format!("{args}\n{expected}\n")).collect();
+    let program = Program::new(LITERAL_REPRS).with_stdin(literals).with_timeout(env.timeout());
+    let Ok(out) = sandbox.run(&program) else { return Vec::new() };
+    let reprs: Vec<&str> = out.stdout.lines().collect();
+    if !out.ok() || reprs.len() != 2 * asserts.len() {
+        return Vec::new();
+    }
+    reprs
+        .chunks(2)
+        .filter(|pair| !pair.contains(&NOT_A_LITERAL))
+        .map(|pair| TestCase { input: format!("{}\n", pair[0]), output: format!("{}\n", pair[1]) })
+        .collect()
+}
+
+const NOT_A_LITERAL: &str = "?";
+
+/// Prints `repr` of each stdin line read as a Python literal, `?` for a line that is not one.
+const LITERAL_REPRS: &str = r#"import ast, sys
+for line in sys.stdin:
+    try:
+        print(repr(ast.literal_eval(line.strip())))
+    except Exception:
+        print('?')
+"#;
+
+/// One `assert entry(args) == expected` line as (the argument tuple, the expected value),
+/// in Python source. `assert entry(args)` expects True and `assert not entry(args)` False;
+/// a trailing comment or assertion message is dropped.
+fn split_assert(line: &str, entry: &str) -> Option<(String, String)> {
+    let rest = line.trim().strip_prefix("assert ")?.trim_start();
+    let (negated, rest) = match rest.strip_prefix("not ") {
+        Some(rest) => (true, rest.trim_start()),
+        None => (false, rest),
+    };
+    let rest = rest.strip_prefix(entry)?.trim_start().strip_prefix('(')?;
+    let close = top_level_index(rest, &[')'])?;
+    let args = rest[..close].trim().trim_end_matches(',').trim_end();
+    let tail = &rest[close + 1..];
+    let tail = tail[..top_level_index(tail, &['#', ',']).unwrap_or(tail.len())].trim();
+    let expected = match (tail, negated) {
+        ("", false) => "True",
+        ("", true) => "False",
+        (_, true) => return None,
+        (tail, false) => tail.strip_prefix("==")?.trim(),
+    };
+    let args = if args.is_empty() { "()".to_string() } else { format!("({args},)") };
+    Some((args, expected.to_string()))
+}
+
+/// Byte index of the first of `targets` in one line of Python that is outside string
+/// literals and brackets; a closing bracket that closes nothing counts as outside.
+fn top_level_index(text: &str, targets: &[char]) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut quote = None;
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        if depth == 0 && targets.contains(&c) {
+            return Some(i);
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.checked_sub(1)?,
+            _ => {}
+        }
+    }
+    None
+}
+
 fn test_report(tests: &[TestCase], results: &[TestResult]) -> String {
     let lines: Vec<String> = tests
         .iter()
@@ -113,4 +205,27 @@ fn test_report(tests: &[TestCase], results: &[TestResult]) -> String {
         })
         .collect();
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_assert_line_splits_into_the_argument_tuple_and_the_expected_value() {
+        let split = |line| split_assert(line, "add");
+        let pair = |a: &str, e: &str| Some((a.to_string(), e.to_string()));
+        assert_eq!(split("assert add(1, 2) == 3"), pair("(1, 2,)", "3"));
+        assert_eq!(
+            split("    assert add([1, (2, 3)], 'a)b#') == [1,2]  # a comment, with a comma"),
+            pair("([1, (2, 3)], 'a)b#',)", "[1,2]")
+        );
+        assert_eq!(split("assert add(\"x\\\"y\",) == 3, \"a message\""), pair("(\"x\\\"y\",)", "3"));
+        assert_eq!(split("assert add()==0"), pair("()", "0"));
+        assert_eq!(split("assert add(1)"), pair("(1,)", "True"));
+        assert_eq!(split("assert not add(0)"), pair("(0,)", "False"));
+        for other in ["assert adder(1) == 2", "print(add(1, 2))", "assert add(1, 2) != 3", "assert not add(1) == 2"] {
+            assert_eq!(split(other), None, "{other}");
+        }
+    }
 }

@@ -138,10 +138,23 @@ pub fn coder(env: &AnyEnv, last_code: Option<&str>, test_report: Option<&str>, h
 
 pub fn tester(env: &AnyEnv, code: Option<&str>, history: &[String]) -> String {
     let code = code.map(|c| format!("\n\nThe coder's program:\n```python\n{}\n```", c.trim_end())).unwrap_or_default();
+    // A function task's tests are asserts, which code models write unprompted; the
+    // Input/Output blocks were followed in 9 replies of 64 (RESULTS.md, code).
+    let entry = match env {
+        AnyEnv::Code(task) => task.entry_point(),
+        _ => None,
+    };
+    let format = match entry {
+        Some(entry) => format!(
+            "Write 3 to 5 tests as assert lines in one ```python block, with literal values only:\n\
+             ```python\nassert {entry}(<arguments>) == <expected result>\n```"
+        ),
+        None => "Write 3 to 5 tests, each as:\n**Test Input:**\n```\n<input>\n```\n**Test Output:**\n```\n<expected output>\n```"
+            .to_string(),
+    };
     format!(
         "You are the tester of a team of two. Write new test cases for the problem and work out each expected output \
-         by hand, carefully; the coder's program will be run on them.\n\n{}{}{}\n\n\
-         Write each test as:\n**Test Input:**\n```\n<input>\n```\n**Test Output:**\n```\n<expected output>\n```",
+         by hand, carefully; the coder's program will be run on them.\n\n{}{}{}\n\n{format}",
         env.rules(),
         code,
         history_block(history)

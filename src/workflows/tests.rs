@@ -250,6 +250,37 @@ fn coder_and_tester_stop_when_the_code_passes_the_tests() {
 }
 
 #[test]
+fn a_function_task_tester_writes_asserts_judged_by_their_values() {
+    let sb = sandbox();
+    let test = |i: &str, o: &str| TestCase { input: i.into(), output: o.into() };
+    let instance = CodeInstance {
+        problem: "def join(a, b): return a + b".into(),
+        public_tests: vec![test("('a', 'b')\n", "'ab'\n")],
+        tests: vec![test("('a', 'b')\n", "'ab'\n")],
+        solution: Some("def join(a, b):\n    return a + b".into()),
+        entry_point: Some("join".into()),
+    };
+    let env = AnyEnv::Code(Code::new(&CodeConfig { test_timeout_seconds: 10.0, max_hidden_tests: 4 }, instance));
+    let mut episode = Episode::new(W::CoderTester, env, 2).unwrap();
+    episode.step(&python("def join(a, b):\n    return b + a"), &sb);
+    assert!(episode.prompt().contains("assert join(<arguments>) == <expected result>"));
+    // Written as a model would: double quotes and spacing unlike repr's, a comment, one
+    // wrong test and one whose argument is not a literal (skipped).
+    let tests = "```python\nassert join(\"x\", 'y') == \"xy\"  # joins\nassert join([1],[2]) == [1,2]\n\
+                 assert join('a', 'b') == 'ba'\nassert join(list(), []) == []\n```";
+    let tester = episode.step(tests, &sb);
+    assert_eq!(tester.local_reward, 2.0 / 3.0, "the reference passes two of the three literal tests");
+    let action: Vec<TestCase> = serde_json::from_str(tester.action.as_deref().unwrap()).unwrap();
+    assert_eq!(action[0], test("('x', 'y')\n", "'xy'\n"));
+    assert_eq!(action[1], test("([1], [2])\n", "[1, 2]\n"));
+    let prompt = episode.prompt();
+    assert!(prompt.contains("- input \"([1], [2])\": expected \"[1, 2]\", got \"[2, 1]\": FAILED"), "{prompt}");
+    let mut stdin_task = Episode::new(W::CoderTester, code(), 2).unwrap();
+    stdin_task.step(&python(SUM), &sb);
+    assert!(stdin_task.prompt().contains("**Test Input:**"), "a stdin task keeps the Input/Output blocks");
+}
+
+#[test]
 fn a_single_coder_answers_once() {
     let sb = sandbox();
     let mut episode = Episode::new(W::SingleAgent, code(), 4).unwrap();
