@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Env, Error, Step, after_marker};
-use crate::rng::SplitMix64;
+use crate::rng::{SplitMix64, stream};
 use crate::sandbox::Sandbox;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -170,6 +170,14 @@ impl TicTacToe {
         }
     }
 
+    /// The cell the answer format's example shows: drawn from the position, empty or
+    /// not. A fixed example (`#### 1,2`) became the players' favourite move, and one
+    /// always empty would hand them a legal move to copy (RESULTS.md, tic-tac-toe).
+    pub fn example_cell(&self) -> usize {
+        let position = self.cells.iter().fold(0u64, |key, cell| key * 3 + cell.map_or(0, |mark| mark as u64 + 1));
+        (stream(&[position]) % 9) as usize
+    }
+
     /// The perfect move for the player to move.
     pub fn best_move(&self) -> Option<usize> {
         minimax(&self.cells, self.to_move).1
@@ -182,7 +190,7 @@ impl Env for TicTacToe {
 
     fn rules(&self) -> String {
         "Tic-tac-toe on a 3x3 board: X and O take turns marking an empty cell ('.'); three marks in a row, column or \
-         diagonal win. Answer with the cell as row,column counted from 0 at the top left, e.g. #### 1,2."
+         diagonal win. Answer with the cell as row,column counted from 0 at the top left."
             .to_string()
     }
 
@@ -196,12 +204,17 @@ impl Env for TicTacToe {
     }
 
     fn parse(&self, text: &str) -> Result<usize, String> {
-        let region = after_marker(text).unwrap_or(text);
+        // The answer line only: small models write the move, then go on (often
+        // restating the rules, whose digits would spoil the cell).
+        let region = match after_marker(text) {
+            Some(after) => after.lines().next().unwrap_or(""),
+            None => text,
+        };
         let digits: Vec<u32> = region.chars().filter_map(|c| c.to_digit(10)).collect();
         let cell = match digits.as_slice() {
             [r, c] if *r < 3 && *c < 3 => (r * 3 + c) as usize,
             [k] if (1..=9).contains(k) => (k - 1) as usize,
-            _ => return Err("expected a cell as row,column, e.g. #### 1,2".to_string()),
+            _ => return Err("expected a cell as row,column after ####".to_string()),
         };
         Ok(cell)
     }
@@ -303,6 +316,21 @@ mod tests {
         assert_eq!(g.parse("I take (2, 0)").unwrap(), 6);
         assert_eq!(g.parse("#### 9").unwrap(), 8);
         assert!(g.parse("#### 3,3").is_err());
+        assert_eq!(g.parse("#### 0,2\n\nTic-tac-toe on a 3x3 board").unwrap(), 2, "the answer line only");
+    }
+
+    #[test]
+    fn the_example_cell_varies_with_the_position_and_may_be_taken() {
+        let (mut seen, mut taken) = ([false; 9], 0);
+        for i in 0..200 {
+            let g = TicTacToe::generate(stream(&[23, i]));
+            let cell = g.example_cell();
+            assert_eq!(cell, g.clone().example_cell(), "one position, one example");
+            seen[cell] = true;
+            taken += usize::from(g.cells()[cell].is_some());
+        }
+        assert!(seen.iter().all(|&s| s), "every cell is someone's example: {seen:?}");
+        assert!(taken > 0, "copying the example is not always legal");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! exact answer format.
 
 use super::ADOPT_TOOL_ANSWER;
-use crate::envs::AnyEnv;
+use crate::envs::{AnyEnv, Env};
 
 /// What a tool agent's program finds predefined, per environment.
 pub fn tool_help(env: &AnyEnv) -> &'static str {
@@ -38,17 +38,21 @@ pub fn tool_help(env: &AnyEnv) -> &'static str {
 }
 
 /// How the final answer is written, per environment.
-pub fn answer_format(env: &AnyEnv) -> &'static str {
-    match env {
+pub fn answer_format(env: &AnyEnv) -> String {
+    let format = match env {
         AnyEnv::PlanPath(_) | AnyEnv::Sokoban(_) => "End your reply with the moves after ####, for example: #### RRDL",
         AnyEnv::Sudoku(_) => {
             "End your reply with the completed grid after ####, for example: #### [[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]]"
         }
-        AnyEnv::TicTacToe(_) => "End your reply with your cell after ####, for example: #### 1,2",
+        AnyEnv::TicTacToe(game) => {
+            let example = game.format_action(&game.example_cell());
+            return format!("End your reply with your cell after ####, for example: #### {example}");
+        }
         AnyEnv::Math(_) => "Think step by step, then give the final answer in \\boxed{}.",
         AnyEnv::Code(code) if code.is_function_task() => "Reply with the function in one ```python block.",
         AnyEnv::Code(_) => "Reply with the complete program in one ```python block.",
-    }
+    };
+    format.to_string()
 }
 
 fn state(env: &AnyEnv) -> String {
