@@ -138,17 +138,20 @@ for line in sys.stdin:
 
 /// One `assert entry(args) == expected` line as (the argument tuple, the expected value),
 /// in Python source. `assert entry(args)` expects True and `assert not entry(args)` False;
-/// a trailing comment or assertion message is dropped.
+/// a trailing comment or assertion message is dropped. A list marker before the assert
+/// (`1.`, `-`) is skipped, and unittest's `self.assertEqual(entry(args), expected)`,
+/// `assertTrue` and `assertFalse` are read too: testers write both.
 fn split_assert(line: &str, entry: &str) -> Option<(String, String)> {
-    let rest = line.trim().strip_prefix("assert ")?.trim_start();
+    let line = without_list_marker(line.trim());
+    if let Some(rest) = line.strip_prefix("self.assert") {
+        return split_unittest_assert(rest, entry);
+    }
+    let rest = line.strip_prefix("assert ")?.trim_start();
     let (negated, rest) = match rest.strip_prefix("not ") {
         Some(rest) => (true, rest.trim_start()),
         None => (false, rest),
     };
-    let rest = rest.strip_prefix(entry)?.trim_start().strip_prefix('(')?;
-    let close = top_level_index(rest, &[')'])?;
-    let args = rest[..close].trim().trim_end_matches(',').trim_end();
-    let tail = &rest[close + 1..];
+    let (args, tail) = split_call(rest, entry)?;
     let tail = tail[..top_level_index(tail, &['#', ',']).unwrap_or(tail.len())].trim();
     let expected = match (tail, negated) {
         ("", false) => "True",
@@ -156,8 +159,42 @@ fn split_assert(line: &str, entry: &str) -> Option<(String, String)> {
         (_, true) => return None,
         (tail, false) => tail.strip_prefix("==")?.trim(),
     };
-    let args = if args.is_empty() { "()".to_string() } else { format!("({args},)") };
     Some((args, expected.to_string()))
+}
+
+/// `Equal(entry(args), expected)`, `True(entry(args))` or `False(entry(args))`, the rest
+/// of a `self.assert…` line.
+fn split_unittest_assert(rest: &str, entry: &str) -> Option<(String, String)> {
+    let (method, rest) = rest.split_once('(')?;
+    let (args, tail) = split_call(rest.trim_start(), entry)?;
+    let tail = tail.trim_start();
+    let expected = match method {
+        "True" => "True",
+        "False" => "False",
+        "Equal" | "Equals" => {
+            let tail = tail.strip_prefix(',')?;
+            tail[..top_level_index(tail, &[',', ')'])?].trim()
+        }
+        _ => return None,
+    };
+    Some((args, expected.to_string()))
+}
+
+/// `entry(args)` at the start of `text` as (the argument tuple in Python source, the text
+/// after the call).
+fn split_call<'a>(text: &'a str, entry: &str) -> Option<(String, &'a str)> {
+    let rest = text.strip_prefix(entry)?.trim_start().strip_prefix('(')?;
+    let close = top_level_index(rest, &[')'])?;
+    let args = rest[..close].trim().trim_end_matches(',').trim_end();
+    let args = if args.is_empty() { "()".to_string() } else { format!("({args},)") };
+    Some((args, &rest[close + 1..]))
+}
+
+/// The line without a leading `1.`, `1)` or `-` list marker.
+fn without_list_marker(line: &str) -> &str {
+    let digits = line.len() - line.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let marker = if digits > 0 { line[digits..].strip_prefix(['.', ')']) } else { line.strip_prefix(['-', '*']) };
+    marker.map_or(line, str::trim_start)
 }
 
 /// Byte index of the first of `targets` in one line of Python that is outside string
@@ -224,7 +261,21 @@ mod tests {
         assert_eq!(split("assert add()==0"), pair("()", "0"));
         assert_eq!(split("assert add(1)"), pair("(1,)", "True"));
         assert_eq!(split("assert not add(0)"), pair("(0,)", "False"));
-        for other in ["assert adder(1) == 2", "print(add(1, 2))", "assert add(1, 2) != 3", "assert not add(1) == 2"] {
+        assert_eq!(split("2. assert add(1, 2) == 3"), pair("(1, 2,)", "3"));
+        assert_eq!(split("- assert add(1)"), pair("(1,)", "True"));
+        assert_eq!(split("self.assertEqual(add(1, [2, 3]), (4, 5))"), pair("(1, [2, 3],)", "(4, 5)"));
+        assert_eq!(split("  self.assertEqual(add('a,b'), 'c', msg='why')"), pair("('a,b',)", "'c'"));
+        assert_eq!(split("self.assertTrue(add(1))"), pair("(1,)", "True"));
+        assert_eq!(split("self.assertFalse(add())"), pair("()", "False"));
+        for other in [
+            "assert adder(1) == 2",
+            "print(add(1, 2))",
+            "assert add(1, 2) != 3",
+            "assert not add(1) == 2",
+            "self.assertIn(add(1), [2])",
+            "self.assertEqual(3, add(1, 2))",
+            "12 assert add(1) == 2",
+        ] {
             assert_eq!(split(other), None, "{other}");
         }
     }
