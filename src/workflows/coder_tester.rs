@@ -190,7 +190,7 @@ fn split_call<'a>(text: &'a str, entry: &str) -> Option<(String, &'a str)> {
     Some((args, &rest[close + 1..]))
 }
 
-/// The line without a leading `1.`, `1)` or `-` list marker.
+/// The line without a leading `1.`, `1)`, `-` or `*` list marker.
 fn without_list_marker(line: &str) -> &str {
     let digits = line.len() - line.trim_start_matches(|c: char| c.is_ascii_digit()).len();
     let marker = if digits > 0 { line[digits..].strip_prefix(['.', ')']) } else { line.strip_prefix(['-', '*']) };
