@@ -69,6 +69,9 @@ impl CoderTester {
             return outcome;
         }
         outcome.action = Some(serde_json::to_string(&tests).expect("tests serialise"));
+        // A function task's tests as the tester wrote them, not as the harness's JSON:
+        // a tester shown JSON wrote fewer asserts on its next turn (RESULTS.md, code).
+        outcome.shown = code_env.entry_point().map(|entry| assert_lines(entry, &tests));
         let judge = code_env.instance().solution.clone().or_else(|| self.code.clone());
         if let Some(program) = judge {
             let results = run_tests(sandbox, &code_env.runnable(&program), &tests, code_env.timeout());
@@ -123,6 +126,13 @@ fn asserted_tests(env: &Code, entry: &str, reply: &str, sandbox: &Sandbox) -> Ve
         .filter(|pair| !pair.contains(&NOT_A_LITERAL))
         .map(|pair| TestCase { input: format!("{}\n", pair[0]), output: format!("{}\n", pair[1]) })
         .collect()
+}
+
+/// Tests as `assert entry(args) == expected` lines, joined by `; `: the inverse of
+/// [`asserted_tests`], whose argument tuples read as a call's arguments (`(1,)` too).
+fn assert_lines(entry: &str, tests: &[TestCase]) -> String {
+    let line = |t: &TestCase| format!("assert {entry}{} == {}", t.input.trim(), t.output.trim());
+    tests.iter().map(line).collect::<Vec<_>>().join("; ")
 }
 
 const NOT_A_LITERAL: &str = "?";

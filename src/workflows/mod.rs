@@ -212,6 +212,8 @@ pub struct TurnOutcome {
     pub agent: Role,
     /// The parsed action as JSON; None when the reply did not parse.
     pub action: Option<String>,
+    /// The action as later prompts show it, where the JSON would mislead or hide it.
+    pub shown: Option<String>,
     /// Why the reply did not parse.
     pub parse_error: Option<String>,
     /// Tool output or environment feedback, as later prompts show it.
@@ -229,6 +231,7 @@ impl TurnOutcome {
             turn: 0,
             agent,
             action: None,
+            shown: None,
             parse_error: None,
             feedback: None,
             local_reward: 0.0,
@@ -402,7 +405,7 @@ impl Episode {
 
     /// Adds the reply's history line.
     fn record(&mut self, outcome: &TurnOutcome) {
-        let summary = match (&outcome.action, &outcome.parse_error) {
+        let summary = match (outcome.shown.as_ref().or(outcome.action.as_ref()), &outcome.parse_error) {
             (Some(action), _) => action.clone(),
             (None, Some(error)) => format!("no answer ({error})"),
             (None, None) => "no answer".into(),

@@ -275,6 +275,10 @@ fn a_function_task_tester_writes_asserts_judged_by_their_values() {
     assert_eq!(action[1], test("([1], [2])\n", "[1, 2]\n"));
     let prompt = episode.prompt();
     assert!(prompt.contains("- input \"([1], [2])\": expected \"[1, 2]\", got \"[2, 1]\": FAILED"), "{prompt}");
+    assert!(
+        prompt.contains("Turn 1, tester: assert join('x', 'y') == 'xy'; assert join([1], [2]) == [1, 2];"),
+        "{prompt}"
+    );
     let mut stdin_task = Episode::new(W::CoderTester, code(), 2).unwrap();
     stdin_task.step(&python(SUM), &sb);
     assert!(stdin_task.prompt().contains("**Test Input:**"), "a stdin task keeps the Input/Output blocks");
@@ -304,6 +308,11 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
         assert!(episode.prompt().contains(if agent == Role::PlayerX { "You play X." } else { "You play O." }));
         episode.step(reply, &sb);
     }
+    let prompt = episode.prompt();
+    assert!(
+        prompt.contains("Turn 2, player_x: 0,1 -> X played 0,1."),
+        "moves show as the players write them: {prompt}"
+    );
     let win = episode.step("#### 0,2", &sb);
     assert_eq!(
         (win.agent, win.local_reward, win.done, win.success, win.team_reward),

@@ -1,8 +1,8 @@
 //! Two players take turns (tic-tac-toe, self-play): each move earns the mover's reward
 //! from the game, and a reply without a readable move forfeits.
 
-use crate::envs::AnyEnv;
 use crate::envs::tic_tac_toe::{Mark, TicTacToe};
+use crate::envs::{AnyEnv, Env};
 use crate::sandbox::Sandbox;
 
 use super::{Role, TurnOutcome, WorkflowKind, env_step};
@@ -19,11 +19,18 @@ pub(super) fn turn_order(game: &TicTacToe) -> Vec<Role> {
 
 pub(super) fn step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
     let mut outcome = env_step(env, agent, reply, sandbox);
-    if outcome.action.is_none()
-        && let AnyEnv::TicTacToe(game) = env
-    {
-        game.forfeit();
-        outcome.feedback = Some("The reply held no move: forfeit.".into());
+    let AnyEnv::TicTacToe(game) = env else { unreachable!("two players play tic-tac-toe (Episode::new checks)") };
+    match &outcome.action {
+        // The move as the players write it: its JSON, the cell index, reads as another
+        // cell in the answer format (`5` is 1,2 as an index, 1,1 as a reply).
+        Some(cell) => {
+            let cell: usize = serde_json::from_str(cell).expect("a move is a cell index");
+            outcome.shown = Some(game.format_action(&cell));
+        }
+        None => {
+            game.forfeit();
+            outcome.feedback = Some("The reply held no move: forfeit.".into());
+        }
     }
     outcome
 }
