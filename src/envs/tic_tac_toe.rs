@@ -178,6 +178,15 @@ impl TicTacToe {
         (stream(&[position]) % 9) as usize
     }
 
+    /// `mark`'s result: 1 for a win, 0.5 for a draw, 0 for a loss or a game not over.
+    pub fn result_for(&self, mark: Mark) -> f64 {
+        match self.outcome {
+            Some(Outcome::Win(winner)) if winner == mark => 1.0,
+            Some(Outcome::Draw) => 0.5,
+            _ => 0.0,
+        }
+    }
+
     /// The perfect move for the player to move.
     pub fn best_move(&self) -> Option<usize> {
         minimax(&self.cells, self.to_move).1
@@ -253,12 +262,9 @@ impl Env for TicTacToe {
         self.outcome == Some(Outcome::Win(Mark::X))
     }
 
+    /// X's result, as [`TicTacToe::result_for`].
     fn team_reward(&self) -> f64 {
-        match self.outcome {
-            Some(Outcome::Win(Mark::X)) => 1.0,
-            Some(Outcome::Draw) => 0.5,
-            _ => 0.0,
-        }
+        self.result_for(Mark::X)
     }
 
     fn solve(&self) -> Option<usize> {

@@ -219,6 +219,7 @@ pub struct TurnOutcome {
     /// Tool output or environment feedback, as later prompts show it.
     pub feedback: Option<String>,
     pub local_reward: f64,
+    /// The team's reward after the reply; in self-play, the mover's own result.
     pub team_reward: f64,
     pub done: bool,
     pub success: bool,
@@ -429,7 +430,10 @@ impl Episode {
             }
         }
         outcome.done = self.done;
-        outcome.team_reward = self.env.team_reward();
+        outcome.team_reward = match &self.env {
+            AnyEnv::TicTacToe(game) => two_players::own_result(game, outcome.agent),
+            env => env.team_reward(),
+        };
         outcome.success = self.env.success();
     }
 

@@ -323,6 +323,13 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     let forfeit = episode.step("hmm", &sb);
     assert_eq!((forfeit.local_reward, forfeit.done, forfeit.team_reward), (NO_ANSWER, true, 0.0));
 
+    // Each player's team reward is its own result: O's forfeit is X's win, not O's.
+    let mut episode = Episode::new(W::TwoPlayers, game(), 5).unwrap();
+    episode.step("#### 0,0", &sb);
+    let forfeit = episode.step("hmm", &sb);
+    assert_eq!((forfeit.agent, forfeit.local_reward, forfeit.team_reward), (Role::PlayerO, NO_ANSWER, 0.0));
+    assert_eq!((forfeit.success, episode.env().team_reward()), (true, 1.0), "scored from X's side");
+
     // O opens when the start position has O to move.
     let start = TicTacToe::from_instance(r#"{"board": ["X..", "...", "..."]}"#).unwrap();
     let episode = Episode::new(W::TwoPlayers, AnyEnv::TicTacToe(start), 5).unwrap();

@@ -34,3 +34,10 @@ pub(super) fn step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox
     }
     outcome
 }
+
+/// The mover's own result, as its team reward: in self-play each player is its own
+/// team. Scored from X's side, O's forfeit was X's win and earned O the team reward
+/// that cancelled its penalty, so O's groups were flat (RESULTS.md, tic-tac-toe).
+pub(super) fn own_result(game: &TicTacToe, agent: Role) -> f64 {
+    game.result_for(if agent == Role::PlayerO { Mark::O } else { Mark::X })
+}
