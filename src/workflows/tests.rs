@@ -335,6 +335,9 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     let episode = Episode::new(W::TwoPlayers, AnyEnv::TicTacToe(start), 5).unwrap();
     assert_eq!(episode.next_agent(), Some(Role::PlayerO));
     assert_eq!(episode.oracle_reply().as_deref(), Some("#### 1,1"));
+    // The example is the only taken cell, said to be taken: copying it is not a move.
+    let prompt = episode.prompt();
+    assert!(prompt.ends_with("for example: #### 0,0 (0,0 is taken here: choose an empty cell)"), "{prompt}");
 }
 
 #[test]
