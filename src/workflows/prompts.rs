@@ -47,7 +47,11 @@ pub fn answer_format(env: &AnyEnv) -> String {
         AnyEnv::TicTacToe(game) => {
             let example = game.format_action(&game.example_cell());
             let format = format!("End your reply with your cell after ####, for example: #### {example}");
-            return if game.example_is_taken() { format!("{format} ({example} is taken here: choose an empty cell)") } else { format };
+            return if game.example_is_taken() {
+                format!("{format} ({example} is taken here: choose an empty cell)")
+            } else {
+                format
+            };
         }
         AnyEnv::Math(_) => "Think step by step, then give the final answer in \\boxed{}.",
         AnyEnv::Code(code) if code.is_function_task() => "Reply with the function in one ```python block.",
