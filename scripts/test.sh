@@ -8,6 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/machine-cache.sh
 
+# The suite's runs write real checkpoints (Qwen2.5-Coder-0.5B's is 2 GB) into temporary
+# folders: it peaked at 6.5 GB on 2026-11-26. Without room the tests fail late, on a write,
+# as if the code were wrong; say so before anything is built.
+need_gib=10
+free_gib=$(($(df --output=avail -k "${TMPDIR:-/tmp}" | tail -n 1) / 1024 / 1024))
+if ((free_gib < need_gib)); then
+    echo "error: ${TMPDIR:-/tmp} has $free_gib GiB free; the test suite needs $need_gib GiB" \
+        "(its runs write real model checkpoints). Free some space or set TMPDIR." >&2
+    exit 1
+fi
+
 scripts/install-libtorch.sh
 scripts/install-python-tools.sh
 scripts/install-test-models.sh

@@ -45,9 +45,10 @@ pub fn answer_format(env: &AnyEnv) -> String {
             "End your reply with the completed grid after ####, for example: #### [[1,2,3,4],[3,4,1,2],[2,1,4,3],[4,3,2,1]]"
         }
         AnyEnv::TicTacToe(game) => {
-            let example = game.format_action(&game.example_cell());
+            let cell = game.example_cell();
+            let example = game.format_action(&cell);
             let format = format!("End your reply with your cell after ####, for example: #### {example}");
-            return if game.example_is_taken() {
+            return if game.cells()[cell].is_some() {
                 format!("{format} ({example} is taken here: choose an empty cell)")
             } else {
                 format
