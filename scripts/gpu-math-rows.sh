@@ -8,9 +8,10 @@
 # AT-GRPO and the single agent). Each sampler gets a fixed key/value budget, so that
 # concurrent processes do not each claim 60% of the GPU's free memory, and full-model rows
 # keep the weights of versions 0 and 10 only, besides the newest version (version 5 is
-# evaluated before the next update prunes it). Disk is what limits how many rows run at once: a full-weight version of a 0.5B model
-# is about 9 GB (bf16 weights, float32 AdamW moments and master copy) and a run holds up
-# to three, so a machine with 64 GiB of disk takes two (RESULTS.md, "Math on a GPU").
+# evaluated before the next update prunes it). Disk is what limits how many rows run at
+# once: a full-weight version of a 0.5B model is about 9 GB (bf16 weights, float32 AdamW
+# moments and master copy) and a run holds up to three, so a machine with 64 GiB of disk
+# takes two (RESULTS.md, "Math on a GPU").
 #
 # Runs go to OUT/runs/ and logs to OUT/<row>.log. After MINUTES (default 60) a run still
 # going is stopped: its committed stages stay and the same command resumes it. Then
