@@ -10,6 +10,11 @@
 //! checkpoint version, so the next iteration, a resumed run or a fork continues the very
 //! same optimisation, bias correction included.
 //!
+//! Gradients are released, not zeroed, between steps and when the optimiser is dropped
+//! (torch's `zero_grad(set_to_none=True)`): a full model's float32 gradients are its
+//! size again (2 GB at 0.5B), and zeroed ones would stay attached to the weights through
+//! the next forward and, in `pipeline run`, through the rollout after the update.
+//!
 //! ```text
 //!  g  = grad · clip                 (float32)
 //!  w  = w · (1 − lr · wd)           (w: the float32 master, or the weight itself)
@@ -90,6 +95,9 @@ pub struct AdamW {
     config: OptimizerConfig,
     params: Vec<Param>,
     step: u64,
+    /// libtorch's own optimiser over the same weights, used only to release their
+    /// gradients: tch has no other way to reset a tensor's `grad` to undefined.
+    grad_releaser: tch::COptimizer,
 }
 
 impl AdamW {
@@ -138,7 +146,12 @@ impl AdamW {
         if let Some(extra) = saved.keys().next() {
             return Err(Error::Request { reason: format!("optimizer state {extra} names no trainable weight") });
         }
-        Ok(AdamW { config: config.clone(), params, step })
+        let torch = |source| Error::Torch { context: "an optimiser to release gradients".into(), source };
+        let mut grad_releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).map_err(torch)?;
+        for p in &params {
+            grad_releaser.add_parameters(&p.weight, 0).map_err(torch)?;
+        }
+        Ok(AdamW { config: config.clone(), params, step, grad_releaser })
     }
 
     /// The trainable weights, for gradient clipping.
@@ -146,14 +159,9 @@ impl AdamW {
         self.params.iter().map(|p| &p.weight)
     }
 
+    /// Drops the weights' gradients (the next backward allocates them afresh).
     pub fn zero_grad(&mut self) {
-        for p in &mut self.params {
-            let mut grad = p.weight.grad();
-            if grad.defined() {
-                let _ = grad.detach_();
-                let _ = grad.zero_();
-            }
-        }
+        self.grad_releaser.zero_grad().expect("releasing gradients does not fail");
     }
 
     /// One step at learning rate `lr`, the gradients scaled by `clip` (1: unclipped).
@@ -213,6 +221,14 @@ impl AdamW {
             }
         }
         AdamWState { step: self.step, tensors }
+    }
+}
+
+impl Drop for AdamW {
+    /// The weights outlive their optimiser (the policy samples next); their gradients
+    /// must not.
+    fn drop(&mut self) {
+        self.zero_grad();
     }
 }
 
@@ -282,6 +298,23 @@ mod tests {
         assert_eq!(back.step, 42);
         assert_eq!(Vec::<f32>::try_from(&back.tensors["master.w"]).unwrap(), [1e-7, 3.0]);
         assert_eq!(back.tensors.len(), 2);
+    }
+
+    #[test]
+    fn gradients_are_released_between_steps_and_with_the_optimiser() {
+        let w = weight(&[1.0, 2.0], Kind::Float);
+        let config = OptimizerConfig::default();
+        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
+        set_grad(&w, &[1.0, 1.0]);
+        adamw.zero_grad();
+        assert!(!w.grad().defined());
+        // Micro-batches still accumulate into the gradient the first one allocates.
+        set_grad(&w, &[3.0, -1.0]);
+        set_grad(&w, &[0.5, 0.5]);
+        assert_eq!(Vec::<f32>::try_from(&w.grad()).unwrap(), [3.5, -0.5]);
+        adamw.step(0.1, 1.0);
+        drop(adamw);
+        assert!(!w.grad().defined(), "the weights keep no gradient after their optimiser");
     }
 
     #[test]

@@ -171,6 +171,7 @@ pub async fn run(
             let marker = super::run_stage(store, config, part, progress, &resident)
                 .await
                 .map_err(|source| Error::StageFailed { stage: part, source: Box::new(source) })?;
+            crate::allocator::return_freed_memory();
             events(Event::Committed {
                 stage: part,
                 marker: &marker,
