@@ -4,8 +4,8 @@
 # run until iteration 1's rollout is committed, with the process's VmRSS sampled every
 # 2 s. Writes bench-results/pipeline-memory/LABEL.log (the run's output: each committed
 # stage with its seconds and the run's total) and LABEL.rss (seconds since start, RSS in
-# KiB). The same seed samples the same tokens with any binary, so
-# two binaries' rollouts compare token for token.
+# KiB). The same seed samples the same tokens with any binary, so two binaries'
+# rollouts compare token for token.
 #
 # Usage: scripts/bench-pipeline-memory.sh BINARY LABEL
 set -euo pipefail
