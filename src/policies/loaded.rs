@@ -9,14 +9,16 @@
 //! [`Resident`] keeps them between the stages of one process, so a version is loaded
 //! once: the update trains the versions the rollout sampled with and gives back the
 //! ones it committed, which the next evaluation and rollout take without reading the
-//! store, once each member's digest matches what the commit markers record.
+//! store, once each member's digest matches what the commit markers record. The update
+//! holds one model at a time ([`LoadedPolicies::keep_only`]), so it gives back the last
+//! model it trained and the next stage loads the others from the store.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::config::RunConfig;
 use crate::model::Policy;
-use crate::store::{PolicyRef, RunStore};
+use crate::store::{PolicyRef, RunStore, StoredMarker};
 
 use super::{BaseRef, Error, Fetched, fetch, find};
 
@@ -130,13 +132,44 @@ impl LoadedPolicies {
         Ok(())
     }
 
-    /// Whether these are version `version` of every policy of `config` as committed.
-    fn are(&self, markers: &[crate::store::StoredMarker], config: &RunConfig, version: u32) -> bool {
-        self.members.len() == config.policies.len()
-            && config.policies.keys().all(|name| {
-                let committed = find(markers, name, version).ok().map(|(_, c)| &c.weights_sha256);
-                self.members.get(name).is_some_and(|m| m.version == version && Some(&m.weights_sha256) == committed)
-            })
+    /// Drops every model but the one `name` runs on, with the members on it (every
+    /// model when no member is `name`): a full fine-tune needs its weights, gradients and
+    /// optimiser moments in memory, and another role's full model beside them is what
+    /// overflows a machine that fits one (two 0.5B models on 24 GiB).
+    pub fn keep_only(&mut self, name: &str) {
+        let Some(kept) = self.members.get(name).map(|m| m.model) else {
+            *self = LoadedPolicies::default();
+            return;
+        };
+        let model = self.models.swap_remove(kept);
+        self.models = vec![model];
+        self.members.retain(|_, m| m.model == kept);
+        self.members.values_mut().for_each(|m| m.model = 0);
+    }
+
+    /// Whether every member is a policy of `config` at version `version` as committed
+    /// (some policies may be missing).
+    fn all_at(&self, markers: &[StoredMarker], config: &RunConfig, version: u32) -> bool {
+        self.members.iter().all(|(name, m)| {
+            let committed = find(markers, name, version).ok().map(|(_, c)| &c.weights_sha256);
+            config.policies.contains_key(name) && m.version == version && Some(&m.weights_sha256) == committed
+        })
+    }
+
+    /// Loads version `version` of every policy of `config` that is not a member yet.
+    async fn load_missing(
+        &mut self,
+        store: &RunStore,
+        markers: &[StoredMarker],
+        config: &RunConfig,
+        version: u32,
+    ) -> Result<(), Error> {
+        for name in config.policies.keys() {
+            if !self.members.contains_key(name) {
+                self.add(config, fetch(store, markers, name, version).await?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -144,9 +177,7 @@ impl LoadedPolicies {
 pub async fn load_all(store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
     let mut loaded = LoadedPolicies::default();
-    for name in config.policies.keys() {
-        loaded.add(config, fetch(store, &markers, name, version).await?)?;
-    }
+    loaded.load_missing(store, &markers, config, version).await?;
     Ok(loaded)
 }
 
@@ -171,19 +202,16 @@ pub struct Resident {
 }
 
 impl Resident {
-    /// Version `version` of every policy: the resident set when every member is that
-    /// version with the digest its commit marker records, else loaded from the store
-    /// (the resident set dropped first, so two sets are never in memory).
+    /// Version `version` of every policy: the resident members when every one is that
+    /// version with the digest its commit marker records, and the policies not resident
+    /// loaded from the store; else all from the store (the resident set dropped first,
+    /// so two sets are never in memory).
     pub async fn take(&self, store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
         let markers = store.markers().await?;
         let resident = self.policies.lock().expect("resident policies").take();
-        match resident {
-            Some(loaded) if loaded.are(&markers, config, version) => Ok(loaded),
-            stale => {
-                drop(stale);
-                load_all(store, config, version).await
-            }
-        }
+        let mut loaded = resident.filter(|l| l.all_at(&markers, config, version)).unwrap_or_default();
+        loaded.load_missing(store, &markers, config, version).await?;
+        Ok(loaded)
     }
 
     pub fn give_back(&self, loaded: LoadedPolicies) {

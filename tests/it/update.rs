@@ -585,6 +585,40 @@ fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
 }
 
 #[test]
+fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
+    // tool_p is a full model and plan_p an adapter on a base of its own: two models.
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    assert_eq!(block_on(policies::load_all(&run.store, &run.config, 0)).unwrap().model_count(), 2);
+    block_on(rollout(&run, 0, Tamper::None));
+    let twin_dir = tempfile::tempdir().unwrap();
+    copy_dir(&run.path, twin_dir.path());
+    let twin = RunStore::open(twin_dir.path().to_str().unwrap()).unwrap();
+    let remove_v1 = |root: &Path, marker: &CommitMarker, policy: &str| {
+        let prefix = format!("checkpoints/{policy}/v000001.");
+        for f in marker.files.iter().filter(|f| f.path.starts_with(&prefix)) {
+            std::fs::remove_file(root.join(&f.path)).unwrap();
+        }
+    };
+
+    // plan_p trains first, then its model is dropped for tool_p's: only tool_p's
+    // trained model is given back, and the next stage loads plan_p's v1 from the store.
+    let resident = Resident::default();
+    let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &resident)).unwrap();
+    remove_v1(&run.path, &v1, "tool_p");
+    let taken = block_on(resident.take(&run.store, &run.config, 1)).unwrap();
+    assert_eq!(taken.model_count(), 2);
+    let versions: Vec<(String, u32)> = taken.refs().into_iter().map(|r| (r.policy, r.version)).collect();
+    assert_eq!(versions, vec![("plan_p".into(), 1), ("tool_p".into(), 1)]);
+
+    let resident = Resident::default();
+    let twin_v1 = block_on(update::run(&twin, &run.config, 0, &Quiet, &resident)).unwrap();
+    remove_v1(twin_dir.path(), &twin_v1, "plan_p");
+    let dropped = block_on(resident.take(&twin, &run.config, 1)).unwrap_err();
+    assert!(dropped.to_string().contains("plan_p"), "{dropped}");
+}
+
+#[test]
 fn checkpoints_of_a_non_local_run_load_through_the_cache() {
     let text = config_text(Path::new("memory-run"), "");
     let config = config::parse(&text, Path::new("it.yaml")).unwrap();

@@ -10,7 +10,9 @@
 //!       (version, weights sha256) == that checkpoint; every turns part the rollout
 //!       names is under turns/iteration=k/; every turns and samples row carries v_k;
 //!       the samples were computed from this rollout
-//!    2. per policy (its own samples only, joined to turns by candidate_id):
+//!    2. per policy (its own samples only, joined to turns by candidate_id), with only
+//!       its model in memory (another role's full model is dropped first and reloaded,
+//!       checked against its marker, when its turn comes):
 //!       recompute the response logprobs with the loaded weights (the first
 //!       mini-batch's by its own training forward), PPO-clip steps, and after the
 //!       first, the drift check (mean drift vs sampled > update.max_logprob_drift is
@@ -297,8 +299,12 @@ pub async fn run(
     let (mut rows, mut gaps, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut model_seconds = 0.0;
     for (set, optimizer) in sets.into_iter().zip(optimizers) {
+        loaded.keep_only(&set.name);
+        if loaded.member(&set.name).is_none() {
+            loaded.add(config, policies::fetch(store, &markers, &set.name, iteration).await?)?;
+        }
         let optimizer = optimizer.map(|path| AdamWState::load(&path)).transpose()?;
-        let (policy, adapter) = loaded.model(&set.name).expect("every policy of the config is loaded");
+        let (policy, adapter) = loaded.model(&set.name).expect("the policy was just loaded");
         let settings = PpoSettings::new(config, &set.name, iteration, policy);
         let adapter = adapter.map(str::to_owned);
         let started = Instant::now();
