@@ -41,7 +41,9 @@ $task_yaml
 policies:
   shared: {model: $model}
 rollout: {tasks_per_iteration: $tasks, k: $k, mode: $mode, sampling: {temperature: 1.0, max_new_tokens: $max_new}}
-algorithm: {name: at_grpo}
+# The estimator does not change what a rollout samples; grpo groups by task, which
+# independent episodes allow (at_grpo's per-turn groups need tree mode).
+algorithm: {name: grpo}
 evaluation: {tasks: 1, samples: 1, sampling: {max_new_tokens: 4}}
 YAML
 "$bin" pipeline run "$work/bench.yaml" --until rollout:0 "$@" > "$work/setup.log" 2>&1 || { cat "$work/setup.log" >&2; exit 1; }

@@ -368,6 +368,7 @@ impl RunConfig {
         self.evaluation.validate(self.data.test_tasks)?;
         self.validate_evaluation_modes()?;
         self.validate_engine()?;
+        self.validate_training_rollout()?;
         if let Some(retention) = &self.retention {
             retention.validate("retention")?;
         }
@@ -437,6 +438,35 @@ impl RunConfig {
             )?;
         }
         Ok(())
+    }
+
+    /// A training rollout whose groups and logprobs the update can use.
+    fn validate_training_rollout(&self) -> Result<(), Invalid> {
+        use crate::algo::Grouping;
+        use crate::play::RolloutMode;
+        let sampling = &self.rollout.sampling;
+        check(
+            sampling.top_p >= 1.0 && sampling.top_k == 0,
+            "rollout.sampling",
+            "top_p and top_k are for evaluation.sampling: a training rollout samples from the whole \
+             distribution at its temperature, the distribution whose logprobs the rows store and the update \
+             trains; with top_p/top_k the tokens would come from another one",
+        )?;
+        // Independent episodes share a prompt only at the first turn of the first agent:
+        // grouping their later turns by (task, agent, turn) compares different prompts.
+        let one_prompt = self.workflow.kind.roles().len() == 1 && self.workflow.max_turns == 1;
+        check(
+            self.rollout.mode != RolloutMode::Independent
+                || self.algorithm.name.grouping() != Grouping::TaskAgentTurn
+                || one_prompt,
+            "rollout.mode",
+            format!(
+                "independent episodes with {} group each (task, agent, turn) across the K episodes, but after \
+                 the first turn each episode's prompt differs; use rollout.mode: tree (AT-GRPO's sampling, where \
+                 the K candidates of a turn share their prompt), or an estimator that groups by task (grpo, dr_grpo)",
+                self.algorithm.name.label()
+            ),
+        )
     }
 
     /// A vLLM engine needs its server, and one server serves one base model.

@@ -203,3 +203,35 @@ fn gradient_checkpointing_is_true_false_or_auto() {
     let message = overridden(&["update.gradient_checkpointing=maybe"]).unwrap_err().to_string();
     assert!(message.contains("update.gradient_checkpointing") && message.contains("true, false or auto"), "{message}");
 }
+
+#[test]
+fn independent_episodes_are_refused_for_per_turn_groups_after_the_first_prompt() {
+    let message = overridden(&["rollout.mode=independent"]).unwrap_err().to_string();
+    assert!(message.starts_with("it.yaml: rollout.mode: independent episodes with AT-GRPO"), "{message}");
+    assert!(message.contains("rollout.mode: tree"), "{message}");
+    // Grouping by task compares whole independent episodes, as GRPO means to.
+    assert!(overridden(&["rollout.mode=independent", "algorithm.name=grpo"]).is_ok());
+}
+
+#[test]
+fn a_training_rollout_refuses_top_p_and_top_k() {
+    for set in ["rollout.sampling.top_p=0.9", "rollout.sampling.top_k=20"] {
+        let message = overridden(&[set]).unwrap_err().to_string();
+        assert!(message.starts_with("it.yaml: rollout.sampling: top_p and top_k are for evaluation"), "{message}");
+    }
+    assert!(overridden(&["evaluation.sampling.top_p=0.9", "evaluation.sampling.top_k=20"]).is_ok());
+}
+
+#[test]
+fn f16_training_is_refused_on_every_device() {
+    for device in ["cpu", "cuda"] {
+        let message = overridden(&["policies.shared.dtype=f16", &format!("policies.shared.device={device}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("it.yaml: policies.shared.dtype: f16 training needs dynamic loss scaling"),
+            "{message}"
+        );
+    }
+    assert!(overridden(&["policies.shared.dtype=bf16"]).is_ok());
+}

@@ -92,10 +92,13 @@ impl PolicyConfig {
             lora.validate(&format!("{key}.lora"))?;
         }
         self.optimizer.validate(&format!("{key}.optimizer"))?;
+        // f16's smallest normal is 6e-5: without a loss scaler, which petting does not
+        // have, small gradients flush to zero and the policy silently stops learning.
         check(
-            self.dtype != Some(DType::F16) || self.device != Device::Cpu,
+            self.dtype != Some(DType::F16),
             format!("{key}.dtype"),
-            "f16 is for CUDA; use f32 or bf16 on cpu",
+            "f16 training needs dynamic loss scaling, which petting does not do; use bf16 (the same memory, \
+             float32's range) or f32",
         )
     }
 
