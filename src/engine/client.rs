@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::fingerprint::Fingerprint;
 use super::{Error, LogHint};
 use crate::model::SamplingConfig;
 
@@ -23,7 +24,8 @@ pub struct CompletionRequest<'a> {
 }
 
 /// What came back: the sampled ids (the EOS or stop-completing token included) and each
-/// one's logprob under the unmodified distribution.
+/// one's logprob, under the distribution it was drawn from when the server runs with
+/// `--logprobs-mode processed_logprobs` (after the temperature), else at temperature 1.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
     pub token_ids: Vec<i64>,
@@ -111,6 +113,24 @@ impl VllmClient {
         self.call(reqwest::Method::POST, "/collective_rpc", Some(body), &format!("reloading weights from {path}"))
             .await?;
         self.call(reqwest::Method::POST, "/reset_prefix_cache", None, "resetting its prefix cache").await.map(drop)
+    }
+
+    /// The fingerprint of the weights the server holds, from petting's worker extension
+    /// (`--worker-extension-cls petting_vllm.WeightsFingerprint`, dev mode): one per worker,
+    /// which must all agree.
+    pub async fn weights_fingerprint(&self) -> Result<Fingerprint, Error> {
+        let during = "fingerprinting its weights";
+        let body = json!({"method": "petting_weights_fingerprint"});
+        let answer = self.call(reqwest::Method::POST, "/collective_rpc", Some(body), during).await?;
+        let prints: Vec<Fingerprint> = parse(&self.url, during, &answer["results"])?;
+        match prints.split_first() {
+            Some((first, rest)) if rest.iter().all(|p| p == first) => Ok(first.clone()),
+            _ => Err(Error::BadResponse {
+                url: self.url.clone(),
+                during: during.into(),
+                reason: format!("its workers answered {} fingerprints that are not one", prints.len()),
+            }),
+        }
     }
 
     /// The logprob of each token of `ids` after the ones before it (the first has none),

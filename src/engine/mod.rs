@@ -7,7 +7,8 @@
 //!     │
 //!     ├─ sync.rs     before a stage samples: the server holds exactly version k of every
 //!     │              policy (adapter `<policy>-v<k>-<digest>` loaded, or full weights
-//!     │              reloaded), checked by a logprob probe against the committed weights
+//!     │              reloaded and fingerprinted: fingerprint.rs), checked by a logprob
+//!     │              probe against the committed weights
 //!     └─ client.rs   token ids in, token ids and logprobs out; a seed per request
 //! ```
 //!
@@ -16,6 +17,7 @@
 //! re-tokenised and what the update trains on is exactly what was sampled.
 
 pub mod client;
+pub mod fingerprint;
 pub mod server;
 pub mod sync;
 
@@ -134,6 +136,12 @@ pub enum Error {
         "the vLLM server does not hold v{version} of {policy:?}: {probe}, more than update.max_logprob_drift; {hint}"
     )]
     WrongWeights { policy: String, version: u32, probe: String, hint: &'static str },
+
+    #[error(
+        "the vLLM server does not hold v{version} of {policy:?}: the fingerprint of its weights ({served}) is not \
+         the committed checkpoint's ({expected}); {hint}"
+    )]
+    Fingerprint { policy: String, version: u32, served: String, expected: String, hint: &'static str },
 
     #[error("{0}")]
     Unsupported(String),

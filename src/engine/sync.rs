@@ -5,7 +5,8 @@
 //!  LoRA policy     adapter `<policy>-v<k>-<digest[..12]>` loaded from the committed
 //!                  checkpoint; the policy's older adapters unloaded (a new name per
 //!                  version: an adapter overwritten in place serves stale prefix-cached KV)
-//!  full weights    reload_weights from the committed checkpoint, prefix cache reset
+//!  full weights    reload_weights from the committed checkpoint, prefix cache reset;
+//!                  the server's fingerprint of what it holds must be the checkpoint's
 //!  then, for each  probe: one fixed prompt scored by the server and by the committed
 //!                  weights in tch; a mean gap above update.max_logprob_drift is an error
 //! ```
@@ -21,6 +22,7 @@ use crate::algo::stats::mean_max;
 use crate::model::{META_FILE, MicroBatching, OPTIMIZER_FILE, ScoreRequest};
 use crate::policies::LoadedPolicies;
 
+use super::fingerprint::{self, Fingerprint};
 use super::{Error, VllmClient, VllmConfig};
 
 /// The text of the probe: ordinary prose and digits, rendered by the policy's template.
@@ -104,9 +106,43 @@ pub async fn serve(
         served.names.insert(checkpoint.policy.clone(), name);
     }
     for checkpoint in checkpoints {
+        if !checkpoint.lora {
+            check_fingerprint(client, checkpoint, config.load_weights).await?;
+        }
         probe(client, checkpoint, &served.names[&checkpoint.policy], loaded, limit, config.load_weights).await?;
     }
     Ok(served)
+}
+
+/// The server's full weights must be the checkpoint's, value for value in the dtype it
+/// holds: a logprob probe cannot tell version k from k − 1 at a realistic learning rate.
+async fn check_fingerprint(client: &VllmClient, checkpoint: &Checkpoint, loads_weights: bool) -> Result<(), Error> {
+    let served = client.weights_fingerprint().await.map_err(|e| match e {
+        Error::Status { .. } => Error::Unsupported(format!(
+            "the vLLM server cannot prove which weights it holds ({e}); a full-weight policy samples through vLLM \
+             only from a server started with `--worker-extension-cls petting_vllm.WeightsFingerprint`, \
+             VLLM_SERVER_DEV_MODE=1 and the repository's python/ folder on PYTHONPATH"
+        )),
+        other => other,
+    })?;
+    let kind = served.kind().ok_or_else(|| {
+        Error::Unsupported(format!("the vLLM server holds weights of dtypes {:?}; petting expects one", served.dtypes))
+    })?;
+    let expected = tokio::task::block_in_place(|| fingerprint::of_checkpoint(&checkpoint.dir, kind))
+        .map_err(|e| Error::Unsupported(format!("cannot fingerprint {}: {e}", checkpoint.dir.display())))?;
+    tracing::info!(policy = checkpoint.policy, version = checkpoint.version, ?served, ?expected, "fingerprinted");
+    if served.matches(&expected) {
+        return Ok(());
+    }
+    let show =
+        |f: &Fingerprint| format!("sum {:e}, sum of squares {:e} over {} values", f.sum, f.sum_squares, f.values);
+    Err(Error::Fingerprint {
+        policy: checkpoint.policy.clone(),
+        version: checkpoint.version,
+        served: show(&served),
+        expected: show(&expected),
+        hint: hint(loads_weights, checkpoint.lora),
+    })
 }
 
 /// Loads the adapter under `name` unless the server has it from that folder already,
@@ -159,13 +195,6 @@ async fn probe(
     if gap <= limit && theirs.len() == ours.len() {
         return Ok(());
     }
-    let hint = match (loads_weights, checkpoint.lora) {
-        (false, _) => "with vllm.load_weights: false the server must already hold these weights",
-        (true, true) => "the server's base model is not this policy's base: start it on the same model folder",
-        (true, false) => {
-            "the reload did not take: start the server with VLLM_SERVER_DEV_MODE=1 and on the policy's architecture"
-        }
-    };
     Err(Error::WrongWeights {
         policy: checkpoint.policy.clone(),
         version: checkpoint.version,
@@ -174,8 +203,19 @@ async fn probe(
              (max {max:.4}; limit {limit})",
             client.url()
         ),
-        hint,
+        hint: hint(loads_weights, checkpoint.lora),
     })
+}
+
+/// What to do about a server that does not hold the weights it should.
+fn hint(loads_weights: bool, lora: bool) -> &'static str {
+    match (loads_weights, lora) {
+        (false, _) => "with vllm.load_weights: false the server must already hold these weights",
+        (true, true) => "the server's base model is not this policy's base: start it on the same model folder",
+        (true, false) => {
+            "the reload did not take: start the server with VLLM_SERVER_DEV_MODE=1 and on the policy's architecture"
+        }
+    }
 }
 
 /// Mean and largest |a − b| over paired tokens; infinite when the lengths differ.

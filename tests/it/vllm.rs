@@ -113,6 +113,27 @@ fn a_server_that_does_not_hold_the_version_is_refused() {
 }
 
 #[test]
+fn a_server_that_kept_the_previous_version_is_refused_at_a_realistic_learning_rate() {
+    let Some(url) = vllm_server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // lr 1e-6: v1 is v0 moved by about 1e-6 of each weight, far below what a logprob
+    // probe can see, but not the same weights.
+    let model = served_model(false);
+    let agents = "{tool: {policy: shared}, reasoner: {policy: shared}}";
+    let policies = format!("  shared: {{model: {}, optimizer: {{lr: 1.0e-6, weight_decay: 1.0}}}}", model.display());
+    let config = write_config(dir.path(), 1, agents, &policies, &format!("{{url: {url}, load_weights: false}}"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", config.to_str().unwrap()]);
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("does not hold v1 of \"shared\": the fingerprint of its weights"), "{stderr}");
+    let store = dir.path().join("run");
+    let moved = sql(&store, "SELECT max(weights_change) < 1e-5, min(weights_change) > 0 FROM updates");
+    assert_eq!(moved, ["true,true"], "a realistic step, and a real one");
+    let committed =
+        sql(&store, "SELECT stage, iteration FROM commits WHERE stage IN ('rollout', 'evaluate') ORDER BY 1");
+    assert_eq!(committed, ["rollout,0"], "v0's fingerprint matched; v1 was never evaluated on v0's weights");
+}
+
+#[test]
 fn a_started_server_reloads_full_weights_by_path_and_a_killed_one_resumes() {
     if vllm_server().is_none() {
         return;
