@@ -421,12 +421,12 @@ fn grpo_step(policy: &mut Policy) -> impl FnMut() + '_ {
         let t_gen = t0.elapsed().as_secs_f64();
         let rewards: Vec<f64> =
             out.iter().map(|g| g.token_ids.iter().filter(|&&t| t % 64 == 3).count() as f64).collect();
-        let advantages: Vec<f64> = rewards
+        let advantages: Vec<Option<f64>> = rewards
             .chunks(GRPO_K)
             .flat_map(|group| {
                 let mean = group.iter().sum::<f64>() / group.len() as f64;
                 let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (group.len() - 1) as f64).sqrt();
-                group.iter().map(move |r| (r - mean) / (std + 1e-4)).collect::<Vec<_>>()
+                group.iter().map(move |r| Some((r - mean) / (std + 1e-4))).collect::<Vec<_>>()
             })
             .collect();
         let batch: Vec<ScoreRequest> = requests

@@ -170,6 +170,13 @@ pub struct UpdateRow {
     pub learning_rate: f64,
     /// None in runs made before the column existed.
     pub weights_change: Option<f64>,
+    /// None in runs made before the column existed.
+    pub skipped: Option<bool>,
+    /// None for SFT steps and in runs made before the column existed.
+    pub truncated: Option<u32>,
+    /// None for SFT steps and in runs made before the columns existed.
+    pub mismatch_fraction: Option<f64>,
+    pub mismatch_p95: Option<f64>,
     pub seconds: f64,
 }
 impl Row for UpdateRow {
@@ -231,6 +238,7 @@ pub struct CommitRow {
     pub model_seconds: f64,
     pub sandbox_seconds: f64,
     pub reused_from: Option<String>,
+    pub skipped_tasks: Option<String>,
 }
 impl Row for CommitRow {
     const TABLE: Table = Table::Commits;

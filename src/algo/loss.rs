@@ -10,21 +10,27 @@ pub struct TokenTerms {
     pub ratio: f64,
     /// max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)).
     pub pg_loss: f64,
-    /// |ratio - 1| > eps.
+    /// The clipped term is the one taken (it binds: the token gives no gradient), as
+    /// verl's `pg_clipfrac` counts; a ratio outside the range whose unclipped term is the
+    /// larger loss still trains and is not counted.
     pub clipped: bool,
     /// (ratio - 1) - log(ratio), an unbiased, non-negative KL estimate.
     pub approx_kl: f64,
 }
 
+/// The log-ratio is clamped to ±this before `exp` (as verl does): a token whose new and
+/// old logprobs are 100 apart would otherwise give an infinite ratio and a NaN loss.
+pub const LOG_RATIO_LIMIT: f64 = 20.0;
+
 pub fn ppo_clip_token(logp_new: f64, logp_old: f64, advantage: f64, clip_epsilon: f64) -> TokenTerms {
-    let logratio = logp_new - logp_old;
+    let logratio = (logp_new - logp_old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT);
     let ratio = logratio.exp();
     let pg_loss1 = -advantage * ratio;
     let pg_loss2 = -advantage * ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon);
     TokenTerms {
         ratio,
         pg_loss: pg_loss1.max(pg_loss2),
-        clipped: (ratio - 1.0).abs() > clip_epsilon,
+        clipped: pg_loss2 > pg_loss1,
         approx_kl: (ratio - 1.0) - logratio,
     }
 }
@@ -81,22 +87,34 @@ pub struct PpoSummary {
     pub tokens: usize,
 }
 
-/// `sequences[i]` holds (logp_new, logp_old) per response token and the sequence's advantage.
-pub fn ppo_clip_loss(sequences: &[(&[(f64, f64)], f64)], clip_epsilon: f64, aggregation: Aggregation) -> PpoSummary {
+/// `sequences[i]` holds (logp_new, logp_old) per response token and the sequence's
+/// advantage; `weights`, when given, each token's weight in the loss (the truncated
+/// importance weights, [`truncated_importance_weight`]), in the same shape.
+pub fn ppo_clip_loss(
+    sequences: &[(&[(f64, f64)], f64)],
+    weights: Option<&[Vec<f64>]>,
+    clip_epsilon: f64,
+    aggregation: Aggregation,
+) -> PpoSummary {
     let terms: Vec<Vec<TokenTerms>> = sequences
         .iter()
         .map(|(tokens, advantage)| {
             tokens.iter().map(|(new, old)| ppo_clip_token(*new, *old, *advantage, clip_epsilon)).collect()
         })
         .collect();
+    let weight = |s: usize, j: usize| weights.map_or(1.0, |w| w[s][j]);
+    let weighted: Vec<Vec<f64>> = terms
+        .iter()
+        .enumerate()
+        .map(|(s, seq)| seq.iter().enumerate().map(|(j, t)| t.pg_loss * weight(s, j)).collect())
+        .collect();
     let all: Vec<&TokenTerms> = terms.iter().flatten().collect();
     let tokens = all.len();
     let mean = |f: &dyn Fn(&TokenTerms) -> f64| all.iter().map(|t| f(t)).sum::<f64>() / tokens.max(1) as f64;
     let loss = match aggregation {
-        Aggregation::TokenMean => mean(&|t| t.pg_loss),
+        Aggregation::TokenMean => weighted.iter().flatten().sum::<f64>() / tokens.max(1) as f64,
         Aggregation::SequenceSum { normaliser } => {
-            let per_sequence: f64 =
-                terms.iter().map(|seq| seq.iter().map(|t| t.pg_loss).sum::<f64>() / normaliser).sum();
+            let per_sequence: f64 = weighted.iter().map(|seq| seq.iter().sum::<f64>() / normaliser).sum();
             per_sequence / sequences.len().max(1) as f64
         }
     };
@@ -131,9 +149,13 @@ mod tests {
         // Ratio 1.5 with A = +1: clipped to 1.2 -> -1.2.
         let t = ppo_clip_token(LN_1_5, 0.0, 1.0, 0.2);
         assert!((t.pg_loss + 1.2).abs() < 1e-12 && t.clipped);
-        // Ratio 0.5 with A = +1: the unclipped -0.5 is the larger loss and stays.
+        // Ratio 0.5 with A = +1: the unclipped -0.5 is the larger loss and stays, so the
+        // clip does not bind.
         let t = ppo_clip_token(LN_0_5, 0.0, 1.0, 0.2);
-        assert!((t.pg_loss + 0.5).abs() < 1e-12 && t.clipped);
+        assert!((t.pg_loss + 0.5).abs() < 1e-12 && !t.clipped);
+        // Ratio 0.5 with A = -1: clipped to 0.8 -> 0.8 binds.
+        let t = ppo_clip_token(LN_0_5, 0.0, -1.0, 0.2);
+        assert!((t.pg_loss - 0.8).abs() < 1e-12 && t.clipped);
         // Ratio 1.1 with A = -1: inside the range, 1.1.
         let t = ppo_clip_token(LN_1_1, 0.0, -1.0, 0.2);
         assert!((t.pg_loss - 1.1).abs() < 1e-12 && !t.clipped);
@@ -143,9 +165,10 @@ mod tests {
     fn token_mean_summary_matches_the_hand_computation() {
         let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
         let b = [(LN_1_1, 0.0)];
-        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], 0.2, Aggregation::TokenMean);
+        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], None, 0.2, Aggregation::TokenMean);
         assert!((summary.loss - (-1.2 - 0.5 + 1.1) / 3.0).abs() < 1e-12, "{summary:?}");
-        assert!((summary.clip_fraction - 2.0 / 3.0).abs() < 1e-12);
+        // Only the first token's clip binds.
+        assert!((summary.clip_fraction - 1.0 / 3.0).abs() < 1e-12);
         assert!((summary.approx_kl - 0.09745729754915201).abs() < 1e-12);
         assert!((summary.ratio_mean - (1.5 + 0.5 + 1.1) / 3.0).abs() < 1e-12);
         assert!((summary.ratio_max - 1.5).abs() < 1e-12);
@@ -156,15 +179,33 @@ mod tests {
     fn sequence_sum_divides_each_sequence_by_the_constant() {
         let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
         let b = [(LN_1_1, 0.0)];
-        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], 0.2, Aggregation::SequenceSum { normaliser: 4.0 });
+        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], None, 0.2, Aggregation::SequenceSum { normaliser: 4.0 });
         // ((-1.2 - 0.5) / 4 + 1.1 / 4) / 2.
         assert!((summary.loss - (-0.6 / 4.0) / 2.0).abs() < 1e-12, "{summary:?}");
     }
 
     #[test]
+    fn importance_weights_scale_each_tokens_loss() {
+        let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
+        let b = [(LN_1_1, 0.0)];
+        let weights = vec![vec![0.5, 2.0], vec![1.0]];
+        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], Some(&weights), 0.2, Aggregation::TokenMean);
+        assert!((summary.loss - (-1.2 * 0.5 - 0.5 * 2.0 + 1.1) / 3.0).abs() < 1e-12, "{summary:?}");
+    }
+
+    #[test]
+    fn a_huge_log_ratio_is_clamped_and_stays_finite() {
+        // New and old 200 apart: exp(200) would overflow the ratio's f32 twin and make
+        // 0 · inf = NaN where the advantage is 0.
+        let t = ppo_clip_token(0.0, -200.0, 0.0, 0.2);
+        assert_eq!(t.ratio, LOG_RATIO_LIMIT.exp());
+        assert!(t.pg_loss.is_finite() && t.approx_kl.is_finite(), "{t:?}");
+    }
+
+    #[test]
     fn on_policy_ratios_are_one_and_the_loss_is_minus_the_mean_advantage() {
         let tokens = [(-1.0, -1.0), (-2.0, -2.0)];
-        let summary = ppo_clip_loss(&[(&tokens, 0.5)], 0.2, Aggregation::TokenMean);
+        let summary = ppo_clip_loss(&[(&tokens, 0.5)], None, 0.2, Aggregation::TokenMean);
         assert_eq!((summary.loss, summary.clip_fraction, summary.approx_kl, summary.ratio_max), (-0.5, 0.0, 0.0, 1.0));
     }
 }

@@ -34,7 +34,27 @@ pub struct AlgorithmConfig {
     pub clip_epsilon: f64,
     /// Which groups are trained on.
     pub filter: GroupFilter,
+    /// What a reply cut at `max_new_tokens` (finish_reason length) trains as: keep (as
+    /// if complete), mask (out of the loss, as TRL's `mask_truncated_completions` and
+    /// DAPO's overlong filtering; it still counts in its group's statistics), or penalty
+    /// (its reward gets `truncation_penalty` added before grouping).
+    pub truncated: Truncated,
+    /// Added to a truncated reply's mixed reward when `truncated: penalty`.
+    pub truncation_penalty: f64,
 }
+
+/// `algorithm.truncated`: how replies that ran into `max_new_tokens` train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncated {
+    #[default]
+    Keep,
+    Mask,
+    Penalty,
+}
+
+/// The `turns.finish_reason` of a reply cut at `max_new_tokens`, from either engine.
+pub const TRUNCATED_FINISH_REASON: &str = "length";
 
 impl Default for AlgorithmConfig {
     fn default() -> Self {
@@ -44,6 +64,8 @@ impl Default for AlgorithmConfig {
             std_epsilon: 1e-6,
             clip_epsilon: 0.2,
             filter: GroupFilter::default(),
+            truncated: Truncated::Keep,
+            truncation_penalty: -1.0,
         }
     }
 }
@@ -54,7 +76,21 @@ impl AlgorithmConfig {
         check(self.std_epsilon > 0.0, "algorithm.std_epsilon", "must be positive")?;
         check(self.clip_epsilon > 0.0 && self.clip_epsilon < 1.0, "algorithm.clip_epsilon", "must be in (0, 1)")?;
         let f = self.filter.drop_lowest_mean_fraction;
-        check((0.0..1.0).contains(&f), "algorithm.filter.drop_lowest_mean_fraction", "must be in [0, 1)")
+        check((0.0..1.0).contains(&f), "algorithm.filter.drop_lowest_mean_fraction", "must be in [0, 1)")?;
+        check(self.truncation_penalty.is_finite(), "algorithm.truncation_penalty", "must be a finite number")
+    }
+
+    /// The reward groups compare, in SQL over `turns`: the mixed reward, plus the
+    /// truncation penalty where it applies.
+    pub fn reward_sql(&self) -> String {
+        let mixed = mixed_reward_sql(self.alpha);
+        match self.truncated {
+            Truncated::Penalty => format!(
+                "{mixed} + CASE WHEN finish_reason = '{TRUNCATED_FINISH_REASON}' THEN CAST({:?} AS DOUBLE) ELSE 0.0 END",
+                self.truncation_penalty
+            ),
+            Truncated::Keep | Truncated::Mask => mixed,
+        }
     }
 }
 

@@ -83,6 +83,15 @@ fn chart_specs() -> Vec<ChartSpec> {
                     FROM updates WHERE mode = 'ppo' GROUP BY iteration, policy",
         },
         ChartSpec {
+            file: "mismatch.png",
+            title: "Sampler/trainer mismatch: tokens whose probability ratio is outside [0.9, 1.1]",
+            x_label: "iteration",
+            y_label: "fraction of tokens",
+            y_range: None,
+            query: "SELECT iteration AS x, policy AS series, avg(mismatch_fraction) AS y \
+                    FROM updates WHERE mode = 'ppo' AND mismatch_fraction IS NOT NULL GROUP BY iteration, policy",
+        },
+        ChartSpec {
             file: "grad-norm.png",
             title: "Gradient norm per policy (mean over steps, before clipping)",
             x_label: "iteration",

@@ -10,6 +10,11 @@
 //! checkpoint version, so the next iteration, a resumed run or a fork continues the very
 //! same optimisation, bias correction included.
 //!
+//! Across the micro-batches of one step, the gradients of weights held in bf16 or f16
+//! are summed in float32 ([`AdamW::accumulate`], as FSDP's mixed precision and
+//! Megatron's `main_grad` do): summed in bf16, a micro-batch's gradient smaller than
+//! 2^-8 of the running sum would round away.
+//!
 //! Gradients are released, not zeroed, between steps and when the optimiser is dropped
 //! (torch's `zero_grad(set_to_none=True)`): a full model's float32 gradients are its
 //! size again (2 GB at 0.5B), and zeroed ones would stay attached to the weights through
@@ -81,6 +86,22 @@ struct Param {
     master: Option<Tensor>,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+    /// Float32 sum of the gradients of the step's earlier micro-batches, for a weight
+    /// held in a lower precision.
+    grad_sum: Option<Tensor>,
+}
+
+impl Param {
+    /// The step's gradient in float32, or none when the weight got no gradient.
+    fn gradient(&self) -> Option<Tensor> {
+        let grad = self.weight.grad();
+        match (&self.grad_sum, grad.defined()) {
+            (Some(sum), true) => Some(sum + grad.to_kind(Kind::Float)),
+            (Some(sum), false) => Some(sum.shallow_clone()),
+            (None, true) => Some(if grad.kind() == Kind::Float { grad } else { grad.to_kind(Kind::Float) }),
+            (None, false) => None,
+        }
+    }
 }
 
 /// What one [`AdamW::step`] did to the weights the model computes with.
@@ -98,6 +119,9 @@ pub struct AdamW {
     /// libtorch's own optimiser over the same weights, used only to release their
     /// gradients: tch has no other way to reset a tensor's `grad` to undefined.
     grad_releaser: tch::COptimizer,
+    /// The same over the weights held in a lower precision only, whose gradients
+    /// [`AdamW::accumulate`] moves into their float32 sums.
+    low_precision_releaser: tch::COptimizer,
 }
 
 impl AdamW {
@@ -141,27 +165,74 @@ impl AdamW {
                 Ok(restored("master")?.unwrap_or_else(|| tch::no_grad(|| weight.to_kind(Kind::Float))))
             });
             let master = master.transpose()?;
-            params.push(Param { name, weight, master, exp_avg, exp_avg_sq });
+            params.push(Param { name, weight, master, exp_avg, exp_avg_sq, grad_sum: None });
         }
         if let Some(extra) = saved.keys().next() {
             return Err(Error::Request { reason: format!("optimizer state {extra} names no trainable weight") });
         }
         let torch = |source| Error::Torch { context: "an optimiser to release gradients".into(), source };
         let mut grad_releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).map_err(torch)?;
+        let mut low_precision_releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).map_err(torch)?;
         for p in &params {
             grad_releaser.add_parameters(&p.weight, 0).map_err(torch)?;
+            if p.master.is_some() {
+                low_precision_releaser.add_parameters(&p.weight, 0).map_err(torch)?;
+            }
         }
-        Ok(AdamW { config: config.clone(), params, step, grad_releaser })
+        Ok(AdamW { config: config.clone(), params, step, grad_releaser, low_precision_releaser })
     }
 
-    /// The trainable weights, for gradient clipping.
-    pub fn weights(&self) -> impl Iterator<Item = &Tensor> {
-        self.params.iter().map(|p| &p.weight)
+    /// Optimiser steps taken so far, across every version this state continues.
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+
+    /// Names of the weights holding a NaN or an infinity.
+    pub fn non_finite_weights(&self) -> Vec<String> {
+        tch::no_grad(|| {
+            self.params
+                .iter()
+                .filter(|p| p.weight.isfinite().all().int64_value(&[]) == 0)
+                .map(|p| p.name.clone())
+                .collect()
+        })
     }
 
     /// Drops the weights' gradients (the next backward allocates them afresh).
     pub fn zero_grad(&mut self) {
         self.grad_releaser.zero_grad().expect("releasing gradients does not fail");
+        self.params.iter_mut().for_each(|p| p.grad_sum = None);
+    }
+
+    /// Moves the low-precision weights' gradients into their float32 sums: called
+    /// between micro-batches, so that each micro-batch's gradient starts from zero in
+    /// the weight's dtype and is added in float32.
+    pub fn accumulate(&mut self) {
+        tch::no_grad(|| {
+            for p in self.params.iter_mut().filter(|p| p.master.is_some()) {
+                if p.weight.grad().defined() {
+                    p.grad_sum = p.gradient();
+                }
+            }
+        });
+        self.low_precision_releaser.zero_grad().expect("releasing gradients does not fail");
+    }
+
+    /// The global L2 norm of the step's gradients, as torch's `clip_grad_norm_`
+    /// computes it before clipping.
+    pub fn grad_norm(&self) -> f64 {
+        tch::no_grad(|| {
+            let squares: Vec<Tensor> = self
+                .params
+                .iter()
+                .filter_map(Param::gradient)
+                .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double))
+                .collect();
+            if squares.is_empty() {
+                return 0.0;
+            }
+            Tensor::stack(&squares, 0).sum(Kind::Double).sqrt().double_value(&[])
+        })
     }
 
     /// One step at learning rate `lr`, the gradients scaled by `clip` (1: unclipped).
@@ -178,11 +249,8 @@ impl AdamW {
         // are the largest tensors, and each temporary of their size is ~0.5 GiB at 0.5B.
         tch::no_grad(|| {
             for p in &mut self.params {
-                let grad = p.weight.grad();
-                if !grad.defined() {
-                    continue;
-                }
-                let g = if clip == 1.0 && grad.kind() == Kind::Float { grad } else { grad.to_kind(Kind::Float) * clip };
+                let Some(grad) = p.gradient() else { continue };
+                let g = if clip == 1.0 { grad } else { grad * clip };
                 // A copy: to_kind of a float32 weight would alias the storage stepped below.
                 let mut before = p.weight.to_kind(Kind::Float).copy();
                 norm += before.norm().double_value(&[]).powi(2);
@@ -283,6 +351,45 @@ mod tests {
         assert!((f64::from(master[0]) - (0.02 - 2e-3)).abs() < 2e-4, "{master:?}");
         let now = Vec::<f32>::try_from(w.to_kind(Kind::Float)).unwrap();
         assert!(now[0] < start[0] - 1e-3 && now[1] < start[1] - 1e-3, "{start:?} -> {now:?}");
+    }
+
+    #[test]
+    fn the_gradient_norm_spans_every_weight() {
+        let (a, b, untouched) =
+            (weight(&[0.0, 0.0], Kind::Float), weight(&[0.0], Kind::Float), weight(&[0.0; 3], Kind::Float));
+        let weights = HashMap::from([
+            ("a".to_string(), a.shallow_clone()),
+            ("b".into(), b.shallow_clone()),
+            ("u".into(), untouched),
+        ]);
+        let adamw = AdamW::new(weights, &OptimizerConfig::default(), None).unwrap();
+        // Gradients (3, 0) and (4): global norm 5; a weight without a gradient adds nothing.
+        set_grad(&a, &[3.0, 0.0]);
+        set_grad(&b, &[4.0]);
+        assert!((adamw.grad_norm() - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bf16_gradients_of_micro_batches_are_summed_in_float32() {
+        let config = OptimizerConfig::default();
+        let w = weight(&[1.0, 1.0], Kind::BFloat16);
+        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
+        // 1 + 2^-9 is 1 in bf16 (8 bits of mantissa), 1.001953125 in float32.
+        set_grad(&w, &[1.0, 0.5]);
+        adamw.accumulate();
+        assert!(!w.grad().defined(), "the bf16 gradient moved into the float32 sum");
+        set_grad(&w, &[1.0 / 512.0, 0.5]);
+        let sum = Vec::<f32>::try_from(adamw.params[0].gradient().unwrap()).unwrap();
+        assert_eq!(sum, [1.0 + 1.0 / 512.0, 1.0]);
+        let norm = ((1.0f64 + 1.0 / 512.0).powi(2) + 1.0).sqrt();
+        assert!((adamw.grad_norm() - norm).abs() < 1e-9, "{} vs {norm}", adamw.grad_norm());
+        // Left in bf16, the same two gradients lose the small one.
+        let v = weight(&[1.0, 1.0], Kind::BFloat16);
+        set_grad(&v, &[1.0, 0.5]);
+        set_grad(&v, &[1.0 / 512.0, 0.5]);
+        assert_eq!(Vec::<f32>::try_from(v.grad().to_kind(Kind::Float)).unwrap(), [1.0, 1.0]);
+        adamw.zero_grad();
+        assert!(adamw.params[0].gradient().is_none(), "zero_grad clears the sums too");
     }
 
     #[test]

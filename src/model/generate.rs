@@ -150,7 +150,8 @@ pub struct Generation {
     pub token_ids: Vec<i64>,
     /// `token_ids` decoded without special tokens (empty when the policy has no tokenizer).
     pub text: String,
-    /// Logprob of each sampled token under the unmodified distribution.
+    /// Logprob of each sampled token under the distribution it was drawn from
+    /// (softmax(logits / temperature); temperature 1 for greedy decoding).
     pub logprobs: Vec<f32>,
     pub finish_reason: FinishReason,
 }

@@ -51,7 +51,7 @@ pub use policy::{LoadOptions, Policy};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use tokenizer::Tokenizer;
 pub use train::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
-pub use trainer::{OptimizerConfig, PpoClip, Trainer};
+pub use trainer::{OptimizerConfig, PpoClip, StepResult, Trainer};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
     weights_digest, write_safetensors, write_weights,
@@ -89,6 +89,12 @@ pub enum Error {
     Device { reason: String },
     #[error("out of memory while {during}: {detail}")]
     OutOfMemory { during: String, detail: String },
+    #[error(
+        "a prompt of {tokens} tokens is longer than rollout.max_prompt_tokens = {limit}; cutting it would lose \
+         the chat header or the task, so raise the limit (the model's context allows), or shorten the prompts \
+         (fewer turns: workflow.max_turns); it begins: {start:?}"
+    )]
+    PromptTooLong { tokens: usize, limit: usize, start: String },
 }
 
 impl Error {

@@ -197,14 +197,17 @@ impl Policy {
 
     /// How every agent prompt reaches a model, in rollout, evaluation and the SFT warm
     /// start alike: one user message, answer directly (Qwen3's non-thinking mode; other
-    /// templates ignore the flag), tokens beyond `max_tokens` cut from the left.
+    /// templates ignore the flag). A prompt of more than `max_tokens` is an error, never
+    /// cut: either end holds what the model cannot do without (the chat header and the
+    /// task, or the generation prompt).
     pub fn agent_prompt(&self, text: &str, max_tokens: usize) -> Result<(String, Vec<i64>)> {
         let options = TemplateOptions { add_generation_prompt: true, enable_thinking: Some(false) };
-        let (text, mut ids) = self.encode_chat(&[ChatMessage::new("user", text)], &options)?;
+        let (rendered, ids) = self.encode_chat(&[ChatMessage::new("user", text)], &options)?;
         if ids.len() > max_tokens {
-            ids.drain(..ids.len() - max_tokens);
+            let start: String = text.chars().take(80).collect();
+            return Err(Error::PromptTooLong { tokens: ids.len(), limit: max_tokens, start });
         }
-        Ok((text, ids))
+        Ok((rendered, ids))
     }
 
     /// The base model's variables (HF keys): what full fine-tuning optimises.

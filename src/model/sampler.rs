@@ -5,7 +5,11 @@
 //! counter-based stream keyed by that row's own seed at its own step, and inverts the
 //! filtered distribution's CDF with it, so a sequence's sample never depends on which
 //! other sequences share its batch. The logprob returned is that of the chosen token
-//! under the unmodified distribution (temperature 1, no filtering): what PPO's ratio needs.
+//! under the distribution it was drawn from, softmax(logits / temperature), which is the
+//! behaviour policy PPO's ratio and the trainer's scoring ([`super::MicroBatching`]'s
+//! temperature) refer to. top-k and top-p are not in it: a training rollout refuses them
+//! (only evaluation, which trains on nothing, filters), and greedy rows give the
+//! temperature-1 logprob.
 
 use tch::{Kind, Tensor};
 
@@ -82,8 +86,8 @@ impl Sampler {
 
     /// logits (B, V); row i draws from stream `seeds[i]` at counter `steps[i]`. The
     /// (row, token) pairs in `banned` (e.g. EOS before a row's minimum length) get no
-    /// probability. Returns each row's token and its logprob under the unmodified
-    /// distribution.
+    /// probability. Returns each row's token and its logprob under softmax(logits /
+    /// temperature) (temperature 1 for greedy rows).
     pub fn sample(
         &self,
         logits: &Tensor,
@@ -100,21 +104,23 @@ impl Sampler {
                 .map(|t| t.map(|t| t.to_device(logits.device())));
             scores = scores.index_put(&index, &Tensor::from(f64::NEG_INFINITY).to_kind(Kind::Float), false);
         }
-        let tokens = match self.sampling {
-            Sampling::Greedy => scores.argmax(-1, false),
+        let (tokens, temperature) = match self.sampling {
+            Sampling::Greedy => (scores.argmax(-1, false), 1.0),
             Sampling::Sample { temperature, top_k, top_p } => {
                 let scores = scores / temperature;
                 let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Counter::at(s, t))).collect();
-                match candidates(&scores, top_k, top_p) {
+                let tokens = match candidates(&scores, top_k, top_p) {
                     Candidates::Head { scores, ids } => {
                         ids.gather(1, &inverse_cdf(&scores, &draws).unsqueeze(1), false).squeeze_dim(1)
                     }
                     Candidates::Vocabulary(scores) => inverse_cdf(&scores, &draws),
-                }
+                };
+                (tokens, temperature)
             }
         };
         // log softmax at the chosen token only: a (B, V) log_softmax is one more full pass.
-        let chosen = logits.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1) - logits.logsumexp([-1], false);
+        let scaled = if temperature == 1.0 { logits } else { logits / temperature };
+        let chosen = scaled.gather(1, &tokens.unsqueeze(1), false).squeeze_dim(1) - scaled.logsumexp([-1], false);
         (Vec::<i64>::try_from(&tokens).expect("token ids"), Vec::<f32>::try_from(&chosen).expect("logprobs"))
     }
 }

@@ -17,6 +17,10 @@
 //! only ("prefix grouper"). The loss and gradients are those of K separate rows, and the
 //! prompt, usually most of the tokens, is forwarded once instead of K times:
 //!
+//! With LoRA dropout on, the one prompt forward draws one dropout mask, which the K
+//! responses share, where K separate rows would draw K: the same loss in expectation,
+//! not draw for draw.
+//!
 //! ```text
 //!   row:       p0 p1 p2 | a0 a1 | b0 b1 b2
 //!   position:   0  1  2 |  3  4 |  3  4  5
@@ -50,19 +54,23 @@ pub struct ScoreRequest {
 /// How [`Policy::backward`] splits its requests: micro-batches of at most `max_tokens`
 /// padded tokens, activations recomputed in the backward pass when `checkpointing`,
 /// lm_head's logits projected at most `max_logits` (tokens × vocabulary) at a time, and
-/// a prompt shared by several requests forwarded once when `share_prefix`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// a prompt shared by several requests forwarded once when `share_prefix`. The logprobs
+/// are those of softmax(logits / `temperature`): the distribution a rollout sampled at
+/// that temperature drew from.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MicroBatching {
     pub max_tokens: usize,
     pub checkpointing: bool,
     pub max_logits: i64,
     pub share_prefix: bool,
+    pub temperature: f64,
 }
 
 impl MicroBatching {
-    /// `max_tokens` per micro-batch, logits in chunks of 256 MiB, shared prompts once.
+    /// `max_tokens` per micro-batch, logits in chunks of 256 MiB, shared prompts once,
+    /// temperature 1.
     pub fn new(max_tokens: usize, checkpointing: bool) -> MicroBatching {
-        MicroBatching { max_tokens, checkpointing, max_logits: LOGIT_BUDGET, share_prefix: true }
+        MicroBatching { max_tokens, checkpointing, max_logits: LOGIT_BUDGET, share_prefix: true, temperature: 1.0 }
     }
 }
 
@@ -172,7 +180,17 @@ impl Policy {
         let pass = Pass { cos, sin, mask: attention_mask, causal: true, cache: CacheStep::None, route: &route };
 
         let indices = layout.indices;
-        let rows = ResponseRows { source, target, slot, b, l, n, t, max_logits: batching.max_logits };
+        let rows = ResponseRows {
+            source,
+            target,
+            slot,
+            b,
+            l,
+            n,
+            t,
+            max_logits: batching.max_logits,
+            temperature: batching.temperature,
+        };
         if !(batching.checkpointing && training) {
             let hidden = self.lm.hidden(&input, &pass);
             return rows.logprobs_and_backward(&self.lm, &hidden, indices, mask, loss);
@@ -271,6 +289,7 @@ struct ResponseRows {
     n: i64,
     t: i64,
     max_logits: i64,
+    temperature: f64,
 }
 
 impl ResponseRows {
@@ -300,7 +319,7 @@ impl ResponseRows {
             Tensor::zeros([rows * t], (Kind::Float, lp.device())).index_add(0, &self.slot, lp).view([rows, t])
         };
         if n <= chunk {
-            let logprobs = to_bt(&token_logprobs(lm, &chosen, &self.target));
+            let logprobs = to_bt(&token_logprobs(lm, &chosen, &self.target, self.temperature));
             let mb = MicroBatch { indices, logprobs, mask };
             if let Some(value) = loss(&mb)? {
                 value.backward();
@@ -313,7 +332,12 @@ impl ResponseRows {
                 .step_by(chunk as usize)
                 .map(|start| {
                     let len = chunk.min(n - start);
-                    token_logprobs(lm, &detached.narrow(0, start, len), &self.target.narrow(0, start, len))
+                    token_logprobs(
+                        lm,
+                        &detached.narrow(0, start, len),
+                        &self.target.narrow(0, start, len),
+                        self.temperature,
+                    )
                 })
                 .collect();
             Tensor::cat(&parts, 0)
@@ -326,7 +350,12 @@ impl ResponseRows {
         let chosen_leaf = detached.set_requires_grad(true);
         for start in (0..n).step_by(chunk as usize) {
             let len = chunk.min(n - start);
-            let lp = token_logprobs(lm, &chosen_leaf.narrow(0, start, len), &self.target.narrow(0, start, len));
+            let lp = token_logprobs(
+                lm,
+                &chosen_leaf.narrow(0, start, len),
+                &self.target.narrow(0, start, len),
+                self.temperature,
+            );
             (lp * upstream.narrow(0, start, len)).sum(Kind::Float).backward();
         }
         if chosen.requires_grad() {
@@ -337,8 +366,9 @@ impl ResponseRows {
 }
 
 /// log softmax(head(hidden))[target] for rows (N, E) and targets (N,), in float32.
-fn token_logprobs(lm: &CausalLm, hidden: &Tensor, target: &Tensor) -> Tensor {
+fn token_logprobs(lm: &CausalLm, hidden: &Tensor, target: &Tensor, temperature: f64) -> Tensor {
     let logits = lm.head(hidden).to_kind(Kind::Float);
+    let logits = if temperature == 1.0 { logits } else { logits / temperature };
     logits.gather(1, &target.unsqueeze(1), false).squeeze_dim(1) - logits.logsumexp([1], false)
 }
 

@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 
 use super::adamw::{AdamW, AdamWState};
 use super::{MicroBatch, MicroBatching, Policy, Result, ScoreRequest};
-use crate::algo::loss::Aggregation;
+use crate::algo::loss::{Aggregation, LOG_RATIO_LIMIT};
 use crate::algo::schedule::{Schedule, learning_rate};
 use crate::validate::{Invalid, check};
 
@@ -76,10 +76,15 @@ pub struct PpoClip {
 pub struct StepResult {
     /// Each request's response logprobs before the step (the forward it trained on).
     pub logprobs: Vec<Vec<f32>>,
+    /// The loss the gradients were taken of.
+    pub loss: f64,
     /// The global gradient norm before clipping.
     pub grad_norm: f64,
     /// How far the step moved the weights the policy samples with, relative to their norm.
     pub weights_change: f64,
+    /// The loss or the gradient norm was not finite, so no step was taken: the weights
+    /// and the optimiser state are as they were.
+    pub skipped: bool,
 }
 
 /// AdamW over a policy's trainable variables: one adapter's for LoRA, else the whole model's.
@@ -106,6 +111,16 @@ impl Trainer {
         Ok(Trainer { optimizer: AdamW::new(weights, config, state)?, grad_clip })
     }
 
+    /// Optimiser steps taken so far, across every version this state continues.
+    pub fn steps_taken(&self) -> u64 {
+        self.optimizer.steps_taken()
+    }
+
+    /// Names of the trainable weights holding a NaN or an infinity.
+    pub fn non_finite_weights(&self) -> Vec<String> {
+        self.optimizer.non_finite_weights()
+    }
+
     /// The optimiser state to save with the new checkpoint.
     pub fn state(&self) -> AdamWState {
         self.optimizer.state()
@@ -122,16 +137,23 @@ impl Trainer {
     ) -> Result<StepResult> {
         let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
         self.optimizer.zero_grad();
+        let mut loss = 0.0;
+        let optimizer = &mut self.optimizer;
         let logprobs = policy.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
-            Ok(-(&mb.logprobs * &mb.mask).sum(Kind::Float) / tokens as f64)
+            // The previous micro-batch's backward is done: sum its gradients in float32.
+            optimizer.accumulate();
+            let value = -(&mb.logprobs * &mb.mask).sum(Kind::Float) / tokens as f64;
+            loss += value.double_value(&[]);
+            Ok(value)
         })?;
-        Ok(self.step(lr, logprobs))
+        Ok(self.step(lr, logprobs, loss))
     }
 
     /// A PPO-clip step on `batch`, whose request i has the old logprobs `old[i]` and the
-    /// advantage `advantages[i]` (broadcast to every response token). Without `old`, the
-    /// weights are the old policy's and the step's own forward gives the old logprobs
-    /// (every ratio exactly 1), which saves a forward of the batch.
+    /// advantage `advantages[i]` (broadcast to every response token), or none: a masked
+    /// request, forwarded with its group but out of the loss and of its token count.
+    /// Without `old`, the weights are the old policy's and the step's own forward gives
+    /// the old logprobs (every ratio exactly 1), which saves a forward of the batch.
     #[allow(clippy::too_many_arguments)]
     pub fn ppo_step(
         &mut self,
@@ -139,44 +161,66 @@ impl Trainer {
         batch: &[ScoreRequest],
         old: Option<&[&[f32]]>,
         sampled: &[&[f32]],
-        advantages: &[f64],
+        advantages: &[Option<f64>],
         clip: PpoClip,
         micro: MicroBatching,
         seed: u64,
         lr: f64,
     ) -> Result<StepResult> {
-        let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
-        let weight = clip.aggregation.token_weight(tokens, batch.len());
+        let trained = || batch.iter().zip(advantages).filter(|(_, a)| a.is_some());
+        let tokens: usize = trained().map(|(r, _)| r.response_ids.len()).sum();
+        let weight = clip.aggregation.token_weight(tokens, trained().count());
         let device = policy.device();
         self.optimizer.zero_grad();
+        let mut loss = 0.0;
+        let optimizer = &mut self.optimizer;
         let logprobs = policy.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
+            optimizer.accumulate();
             let old_t = match old {
                 Some(old) => padded(mb.indices.iter().map(|&i| old[i]), &mb.logprobs, device),
                 None => mb.logprobs.detach(),
             };
-            let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i] as f32).collect();
+            let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i].unwrap_or(0.0) as f32).collect();
             let adv_t = Tensor::from_slice(&adv).view([-1, 1]).to_device(device);
+            let kept: Vec<f32> = mb.indices.iter().map(|&i| f32::from(u8::from(advantages[i].is_some()))).collect();
+            let kept_mask = &mb.mask * Tensor::from_slice(&kept).view([-1, 1]).to_device(device);
             // The importance weights are constants: a weighted mask.
             let mask = match clip.importance_cap {
                 Some(cap) => {
                     let engine = padded(mb.indices.iter().map(|&i| sampled[i]), &mb.logprobs, device);
-                    &mb.mask * (&old_t - engine).exp().clamp_max(cap)
+                    kept_mask * (&old_t - engine).exp().clamp_max(cap)
                 }
-                None => mb.mask.shallow_clone(),
+                None => kept_mask,
             };
-            Ok(ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mask, clip.epsilon) * weight)
+            let value = ppo_clip_tensor(&mb.logprobs, &old_t, &adv_t, &mask, clip.epsilon) * weight;
+            loss += value.double_value(&[]);
+            Ok(value)
         })?;
-        Ok(self.step(lr, logprobs))
+        Ok(self.step(lr, logprobs, loss))
     }
 
     /// Takes the optimiser step at `lr` on the accumulated gradients, clipped to a global
-    /// norm of `grad_clip`.
-    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>) -> StepResult {
-        let grad_norm = grad_norm(self.optimizer.weights());
-        let clip = (self.grad_clip / (grad_norm + 1e-6)).min(1.0);
+    /// norm of `grad_clip`; or, when the loss or the gradient norm is not finite, drops
+    /// the gradients and takes none (a NaN would reach the moments and the float32
+    /// masters, and stay there).
+    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64) -> StepResult {
+        self.optimizer.accumulate();
+        let grad_norm = self.optimizer.grad_norm();
+        if !(loss.is_finite() && grad_norm.is_finite()) {
+            self.optimizer.zero_grad();
+            return StepResult { logprobs, loss, grad_norm, weights_change: 0.0, skipped: true };
+        }
+        let clip = clip_factor(self.grad_clip, grad_norm);
         let change = self.optimizer.step(lr, clip);
-        StepResult { logprobs, grad_norm, weights_change: change.relative }
+        StepResult { logprobs, loss, grad_norm, weights_change: change.relative, skipped: false }
     }
+}
+
+/// The factor the gradients are scaled by, as torch's `clip_grad_norm_`: max_norm /
+/// (norm + 1e-6) where that is below 1, for a finite norm.
+fn clip_factor(max_norm: f64, grad_norm: f64) -> f64 {
+    debug_assert!(grad_norm.is_finite());
+    (max_norm / (grad_norm + 1e-6)).min(1.0)
 }
 
 /// Values of `rows` right-padded with zeros to the (b, T) shape of `like`.
@@ -192,27 +236,10 @@ fn padded<'a>(rows: impl Iterator<Item = &'a [f32]>, like: &Tensor, device: tch:
 /// `algo::loss::ppo_clip_token` on tensors, summed over the real tokens: logp, old and
 /// mask are (b, T), advantage is (b, 1), broadcast to every token.
 pub fn ppo_clip_tensor(logp: &Tensor, old: &Tensor, advantage: &Tensor, mask: &Tensor, clip_epsilon: f64) -> Tensor {
-    let ratio = (logp - old).exp();
+    let ratio = (logp - old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp();
     let pg_loss1 = -advantage * &ratio;
     let pg_loss2 = -advantage * ratio.clamp(1.0 - clip_epsilon, 1.0 + clip_epsilon);
     (pg_loss1.maximum(&pg_loss2) * mask).sum(Kind::Float)
-}
-
-/// The global L2 norm of the weights' gradients, as torch's `clip_grad_norm_` computes it
-/// before clipping (the step scales the gradients by max_norm / (norm + 1e-6) when that
-/// is below 1).
-pub fn grad_norm<'a>(weights: impl Iterator<Item = &'a Tensor>) -> f64 {
-    tch::no_grad(|| {
-        let squares: Vec<Tensor> = weights
-            .map(Tensor::grad)
-            .filter(Tensor::defined)
-            .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double))
-            .collect();
-        if squares.is_empty() {
-            return 0.0;
-        }
-        Tensor::stack(&squares, 0).sum(Kind::Double).sqrt().double_value(&[])
-    })
 }
 
 #[cfg(test)]
@@ -234,25 +261,31 @@ mod tests {
             (0..2).map(|r| (0..lens[r]).map(|j| (f64::from(new[r][j]), f64::from(old[r][j]))).collect()).collect();
         let seqs: Vec<(&[(f64, f64)], f64)> = pairs.iter().zip(adv).map(|(p, a)| (p.as_slice(), a)).collect();
         for aggregation in [Aggregation::TokenMean, Aggregation::SequenceSum { normaliser: 5.0 }] {
-            let expected = ppo_clip_loss(&seqs, 0.2, aggregation);
+            let expected = ppo_clip_loss(&seqs, None, 0.2, aggregation);
             let sum = ppo_clip_tensor(&t(&new), &t(&old), &adv_t, &mask, 0.2);
             let got = sum.double_value(&[]) * aggregation.token_weight(4, 2);
             assert!((got - expected.loss).abs() < 1e-6, "{aggregation:?}: {got} vs {}", expected.loss);
         }
         // And by hand for the token mean: ratios e^0.3, 1, e^-1 (A = 1.5), e^-0.1 (A = -0.7).
         let by_hand = (-1.5 * 1.2 - 1.5 - 1.5 * (-1.0f64).exp() + 0.7 * (-0.1f64).exp()) / 4.0;
-        let expected = ppo_clip_loss(&seqs, 0.2, Aggregation::TokenMean).loss;
+        let expected = ppo_clip_loss(&seqs, None, 0.2, Aggregation::TokenMean).loss;
         assert!((by_hand - expected).abs() < 1e-6, "{by_hand} vs {expected}");
     }
 
     #[test]
-    fn the_gradient_norm_spans_every_weight() {
-        let a = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        let b = Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        let untouched = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        // Gradients (3, 0) and (4): global norm 5; a weight without a gradient adds nothing.
-        let loss = (&a * Tensor::from_slice(&[3f32, 0.])).sum(Kind::Float) + (&b * 4.0).sum(Kind::Float);
-        loss.backward();
-        assert!((grad_norm([&a, &b, &untouched].into_iter()) - 5.0).abs() < 1e-9);
+    fn a_huge_log_ratio_gives_a_finite_loss() {
+        // 100 nats apart with A = 0: an unclamped exp overflows f32 and 0 · inf is NaN.
+        let logp = Tensor::from_slice(&[0f32, -1.0]).view([1, 2]);
+        let old = Tensor::from_slice(&[-100f32, -1.0]).view([1, 2]);
+        let adv = Tensor::from_slice(&[0f32]).view([1, 1]);
+        let mask = Tensor::ones([1, 2], (Kind::Float, tch::Device::Cpu));
+        let loss = ppo_clip_tensor(&logp, &old, &adv, &mask, 0.2).double_value(&[]);
+        assert!(loss.is_finite(), "{loss}");
+    }
+
+    #[test]
+    fn the_clip_factor_scales_only_norms_above_the_limit() {
+        assert_eq!(clip_factor(1.0, 0.5), 1.0);
+        assert!((clip_factor(1.0, 4.0) - 1.0 / (4.0 + 1e-6)).abs() < 1e-15);
     }
 }

@@ -57,6 +57,24 @@ pub struct Reply {
 /// Answers a batch of prompts with one policy.
 pub trait Responder {
     fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error>;
+
+    /// Whether `policy` can be sent `text`: false when the prompt, as the model would
+    /// see it, is longer than the limit (answering it would be an error).
+    fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {
+        Ok(true)
+    }
+}
+
+/// What a prompt longer than the limit does (`rollout.overlong_prompt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlongPrompt {
+    /// The stage fails, naming the limit.
+    #[default]
+    Error,
+    /// The task is left out: none of its rows are written, and the stage's commit
+    /// marker lists it (`commits.skipped_tasks`).
+    Skip,
 }
 
 /// One episode to play: a task's environment, and the key its random streams use.
@@ -127,6 +145,7 @@ pub struct Setup {
     pub branching: Branching,
     /// Keys every seed of this run and stage starts with (run seed, iteration, stage key, …).
     pub seed_keys: Vec<u64>,
+    pub overlong_prompt: OverlongPrompt,
 }
 
 /// One sampled reply and what it did: a future `turns` row.
@@ -158,6 +177,8 @@ pub struct Played {
     pub model_seconds: f64,
     /// Wall time spent running tool programs.
     pub sandbox_seconds: f64,
+    /// Tasks left out because a prompt was too long, by index, ascending.
+    pub skipped: Vec<usize>,
 }
 
 /// How one episode ended.
@@ -238,13 +259,19 @@ pub fn play(
     let branches = setup.branches();
     let mut candidates = Vec::new();
     let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
+    let mut skipped: Vec<usize> = Vec::new();
     loop {
         if let Some(opponent) = setup.opponent {
             for track in &mut tracks {
                 play_opponent(&mut track.episode, opponent, sandbox);
             }
         }
-        let live: Vec<usize> = (0..tracks.len()).filter(|&i| !tracks[i].episode.is_done()).collect();
+        if setup.overlong_prompt == OverlongPrompt::Skip {
+            skipped.extend(overlong_tasks(setup, &tracks, &skipped, responder)?);
+        }
+        let live: Vec<usize> = (0..tracks.len())
+            .filter(|&i| !tracks[i].episode.is_done() && !skipped.contains(&tracks[i].task_index))
+            .collect();
         if live.is_empty() {
             break;
         }
@@ -288,8 +315,11 @@ pub fn play(
         let ended = live.iter().filter(|&&t| tracks[t].episode.is_done()).count();
         progress.advance(ended as u64, tokens as u64);
     }
+    skipped.sort_unstable();
+    candidates.retain(|c: &Candidate| !skipped.contains(&c.task_index));
     let finished = tracks
         .iter()
+        .filter(|t| !skipped.contains(&t.task_index))
         .map(|t| Finished {
             task_index: t.task_index,
             episode: t.episode_index,
@@ -300,7 +330,36 @@ pub fn play(
             tokens: t.tokens,
         })
         .collect();
-    Ok(Played { candidates, finished, model_seconds: model.as_secs_f64(), sandbox_seconds: sandboxed.as_secs_f64() })
+    Ok(Played {
+        candidates,
+        finished,
+        model_seconds: model.as_secs_f64(),
+        sandbox_seconds: sandboxed.as_secs_f64(),
+        skipped,
+    })
+}
+
+/// The tasks, not yet skipped, one of whose live episodes would next send a prompt
+/// longer than the limit: the whole task goes, so that no group is left half sampled.
+fn overlong_tasks(
+    setup: &Setup,
+    tracks: &[Track],
+    skipped: &[usize],
+    responder: &mut dyn Responder,
+) -> Result<Vec<usize>, Error> {
+    let mut found: Vec<usize> = Vec::new();
+    for track in tracks {
+        let task = track.task_index;
+        if track.episode.is_done() || skipped.contains(&task) || found.contains(&task) {
+            continue;
+        }
+        let agent = track.episode.next_agent().expect("live");
+        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { role: agent })?;
+        if !responder.fits(policy, &track.episode.prompt())? {
+            found.push(task);
+        }
+    }
+    Ok(found)
 }
 
 /// Plays the solver's moves for `opponent` until another agent is to act or the episode
@@ -500,6 +559,44 @@ mod tests {
         }
     }
 
+    /// [`Scripted`], except that the `too_long`-th prompt checked does not fit.
+    struct WithALongPrompt {
+        checked: usize,
+        too_long: usize,
+    }
+
+    impl Responder for WithALongPrompt {
+        fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+            Scripted.respond(policy, prompts)
+        }
+
+        fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {
+            self.checked += 1;
+            Ok(self.checked != self.too_long)
+        }
+    }
+
+    #[test]
+    fn a_task_with_an_overlong_prompt_is_skipped_whole_or_not_checked_at_all() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let skip = Setup { overlong_prompt: OverlongPrompt::Skip, ..setup(RolloutMode::Tree) };
+        // Checked in track order: the second prompt of the first step is task 1's.
+        let mut responder = WithALongPrompt { checked: 0, too_long: 2 };
+        let played = play(&games(), &skip, &mut responder, &sandbox, &Quiet).unwrap();
+        assert_eq!(played.skipped, [1]);
+        assert!(played.candidates.iter().all(|c| c.task_index == 0) && !played.candidates.is_empty());
+        assert_eq!(played.finished.iter().map(|f| f.task_index).collect::<Vec<_>>(), [0]);
+        // Skipped at its planner's turn (the third check), task 0 loses its tool rows too.
+        let mut responder = WithALongPrompt { checked: 0, too_long: 3 };
+        let played = play(&games(), &skip, &mut responder, &sandbox, &Quiet).unwrap();
+        assert_eq!(played.skipped, [0]);
+        assert!(played.candidates.iter().all(|c| c.task_index == 1), "{:?}", played.candidates.len());
+        // With overlong_prompt: error the responder itself refuses; nothing is checked.
+        let mut responder = WithALongPrompt { checked: 0, too_long: 1 };
+        let played = play(&games(), &setup(RolloutMode::Tree), &mut responder, &sandbox, &Quiet).unwrap();
+        assert_eq!((responder.checked, played.skipped.len(), played.finished.len()), (0, 0, 2));
+    }
+
     fn games() -> Vec<Game> {
         let config = PlanPathConfig::default();
         (0..2)
@@ -516,6 +613,7 @@ mod tests {
             policies: HashMap::from([(Role::Tool, "shared".into()), (Role::Planner, "shared".into())]),
             branching: Branching::new(mode, 3, Selection::BestReward, 1.0),
             seed_keys: vec![7, 0],
+            overlong_prompt: OverlongPrompt::Error,
         }
     }
 
@@ -623,6 +721,7 @@ mod tests {
             policies: HashMap::from([(Role::PlayerX, "shared".into()), (Role::PlayerO, "shared".into())]),
             branching: Branching::Independent { episodes: 1 },
             seed_keys: vec![1],
+            overlong_prompt: OverlongPrompt::Error,
         };
         let played = play(&games, &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(played.finished[0].success, "first-free-cell O lets X complete the diagonal");

@@ -32,6 +32,11 @@ impl<'a> ModelResponder<'a> {
 }
 
 impl Responder for ModelResponder<'_> {
+    fn fits(&mut self, name: &str, text: &str) -> Result<bool, super::Error> {
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        fits(policy, text, self.max_prompt_tokens)
+    }
+
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, super::Error> {
         let (policy, adapter) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let adapter = adapter.map(str::to_owned);
@@ -83,6 +88,15 @@ impl Responder for ModelResponder<'_> {
     }
 }
 
+/// Whether `text`, rendered as `policy` renders agent prompts, is at most `max_tokens`.
+fn fits(policy: &crate::model::Policy, text: &str, max_tokens: usize) -> Result<bool, super::Error> {
+    match policy.agent_prompt(text, max_tokens) {
+        Ok(_) => Ok(true),
+        Err(crate::model::Error::PromptTooLong { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn not_loaded(name: &str) -> crate::model::Error {
     crate::model::Error::Request { reason: format!("policy {name:?} is not loaded") }
 }
@@ -98,6 +112,11 @@ pub struct VllmResponder<'a> {
 }
 
 impl Responder for VllmResponder<'_> {
+    fn fits(&mut self, name: &str, text: &str) -> Result<bool, super::Error> {
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        fits(policy, text, self.max_prompt_tokens)
+    }
+
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, super::Error> {
         let served = self.served.name(name).ok_or_else(|| not_loaded(name))?.to_string();
         let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;

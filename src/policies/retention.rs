@@ -144,6 +144,7 @@ mod tests {
             model_seconds: 0.0,
             sandbox_seconds: 0.0,
             reused_from: vec![],
+            skipped_tasks: vec![],
         };
         StoredMarker { path: String::new(), sha256: String::new(), marker }
     }

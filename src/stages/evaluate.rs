@@ -148,12 +148,13 @@ pub async fn run(
         StageEngine::prepare(evaluation.engine, evaluation.kv_cache_gib, store, config, &mut loaded, resident).await?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
+    let mut skipped_tasks: Vec<String> = Vec::new();
     for (mode_index, &mode) in config.evaluation.modes.iter().enumerate() {
         let setup = setup(config, mode, iteration, mode_index as u64);
         let started = Instant::now();
         let label = format!("{stage} {}", mode.name());
         let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
-        let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, .. } =
+        let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, skipped, .. } =
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
                     let max_prompt = config.rollout.max_prompt_tokens as usize;
@@ -168,6 +169,11 @@ pub async fn run(
             })?;
         model_seconds += model;
         sandbox_seconds += sandboxed;
+        for task in skipped.iter().map(|&t| &test[t].task_id) {
+            if !skipped_tasks.contains(task) {
+                skipped_tasks.push(task.clone());
+            }
+        }
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
         let policies = describe(&setup, &loaded);
         rows.extend(finished.iter().map(|f| EvalRow {
@@ -188,6 +194,7 @@ pub async fn run(
         policies_used: loaded.refs(),
         model_seconds,
         sandbox_seconds,
+        skipped_tasks,
         ..super::run_info(config)
     };
     let marker = super::commit_rows(writer, &rows, info).await?;
@@ -223,6 +230,7 @@ fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> S
         policies,
         branching: Branching::Independent { episodes: config.evaluation.samples.max(1) },
         seed_keys: vec![config.seed, iteration as u64, Key::EVALUATE, mode_key],
+        overlong_prompt: config.rollout.overlong_prompt,
     }
 }
 

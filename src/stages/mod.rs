@@ -249,7 +249,7 @@ fn sql_float(value: f64) -> String {
 /// (`reward`): what group and advantage compute over.
 fn scored_sql(config: &RunConfig, iteration: u32) -> String {
     let key = config.algorithm.name.grouping().key_sql();
-    let reward = crate::algo::mixed_reward_sql(config.algorithm.alpha);
+    let reward = config.algorithm.reward_sql();
     format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
 }
 

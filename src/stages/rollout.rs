@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::RunConfig;
 use crate::engine::EngineKind;
 use crate::model::SamplingConfig;
-use crate::play::{self, Branching, Candidate, RolloutMode, Selection, Setup};
+use crate::play::{self, Branching, Candidate, OverlongPrompt, RolloutMode, Selection, Setup};
 use crate::policies::{self, LoadedPolicies, Resident};
 use crate::progress::{Progress, phase};
 use crate::rng::Key;
@@ -38,8 +38,12 @@ pub struct RolloutConfig {
     pub select: Selection,
     /// Sampling settings.
     pub sampling: SamplingConfig,
-    /// Longer prompts are cut from the left.
+    /// Longest prompt (chat template applied) a rollout or evaluation may send; a longer
+    /// one is never cut: it fails the stage or skips its task (`overlong_prompt`).
     pub max_prompt_tokens: u32,
+    /// A prompt longer than `max_prompt_tokens`: error (the stage fails, naming the
+    /// limit) or skip (its task is left out of the stage, and the commit lists it).
+    pub overlong_prompt: OverlongPrompt,
     /// Memory for the sampler's key/value caches, GiB; a share of the device's free
     /// memory when unset. Batches are sized from it.
     pub kv_cache_gib: Option<f64>,
@@ -56,6 +60,7 @@ impl Default for RolloutConfig {
             select: Selection::BestReward,
             sampling: SamplingConfig::default(),
             max_prompt_tokens: 4096,
+            overlong_prompt: OverlongPrompt::Error,
             kv_cache_gib: None,
             engine: EngineKind::Tch,
         }
@@ -126,6 +131,7 @@ pub async fn run(
         policies_used: loaded.refs(),
         model_seconds: played.model_seconds,
         sandbox_seconds: played.sandbox_seconds,
+        skipped_tasks: played.skipped.iter().map(|&t| batch[t].task_id.clone()).collect(),
         ..super::run_info(config)
     };
     let marker = super::commit_by_agent(writer, rows, info).await?;
@@ -143,6 +149,7 @@ fn setup(config: &RunConfig, iteration: u32) -> Setup {
         policies: config.agent_policies(),
         branching: Branching::new(rollout.mode, rollout.k, rollout.select, config.algorithm.alpha),
         seed_keys: vec![config.seed, iteration as u64, Key::ROLLOUT],
+        overlong_prompt: rollout.overlong_prompt,
     }
 }
 

@@ -43,6 +43,10 @@ pub struct CommitMarker {
     /// them (a replay fork), as `<run URL>/<marker path>` with each marker's hash.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reused_from: Vec<InputRef>,
+    /// Tasks the stage skipped because a prompt was longer than
+    /// `rollout.max_prompt_tokens` (`rollout.overlong_prompt: skip`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_tasks: Vec<String>,
 }
 
 /// One file a commit makes visible.

@@ -38,6 +38,7 @@ pub struct CommitInfo {
     pub model_seconds: f64,
     pub sandbox_seconds: f64,
     pub reused_from: Vec<InputRef>,
+    pub skipped_tasks: Vec<String>,
 }
 
 /// A finished attempt whose files are all written and closed, ready to be made visible.
@@ -191,6 +192,7 @@ impl PendingCommit<'_> {
             model_seconds: info.model_seconds,
             sandbox_seconds: info.sandbox_seconds,
             reused_from: info.reused_from,
+            skipped_tasks: info.skipped_tasks,
             code_version: crate::CODE_VERSION.to_string(),
             started_at: self.started_at,
             finished_at: Utc::now(),

@@ -480,7 +480,7 @@ fn logprobs_and_gradients(
 
 #[test]
 fn a_shared_prompt_forwarded_once_gives_the_logprobs_and_gradients_of_separate_rows() {
-    for family in ["qwen3", "llama"] {
+    for family in ["qwen3", "qwen2", "llama"] {
         let dir = fixture(family);
         let mut policy = load(&dir);
         let cases = cases(&dir);
@@ -504,6 +504,14 @@ fn a_shared_prompt_forwarded_once_gives_the_logprobs_and_gradients_of_separate_r
                 // The base freezes: from here on only the adapter trains.
                 let lora = petting::model::LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Vec::new() };
                 policy.add_adapter("planner", &lora, 7).unwrap();
+                // As a trained adapter: a fresh one's B is 0, which makes every A
+                // gradient 0 on both sides and the comparison of A's vacuous.
+                tch::manual_seed(3);
+                for (name, b) in policy.adapter_var_store("planner").unwrap().variables() {
+                    if name.contains("lora_B") {
+                        tch::no_grad(|| b.shallow_clone().copy_(&(Tensor::randn_like(&b) * 0.02)));
+                    }
+                }
             }
             for checkpointing in [false, true] {
                 let separate = MicroBatching { share_prefix: false, ..MicroBatching::new(1 << 20, checkpointing) };
@@ -516,6 +524,11 @@ fn a_shared_prompt_forwarded_once_gives_the_logprobs_and_gradients_of_separate_r
                     for (x, y) in a.iter().zip(b) {
                         assert!((x - y).abs() < 1e-4, "{what}: logprob {x} vs {y}");
                     }
+                }
+                if adapter.is_some() {
+                    let a_grads = grads_a.iter().filter(|(name, _)| name.contains("lora_A"));
+                    let largest = a_grads.map(|(_, g)| g.abs().max().double_value(&[])).fold(0.0, f64::max);
+                    assert!(largest > 1e-6, "{what}: the A gradients are all zero, so comparing them shows nothing");
                 }
                 for ((name, a), (_, b)) in grads_a.iter().zip(&grads_b) {
                     let scale = a.abs().max().double_value(&[]).max(1e-6);
@@ -779,4 +792,156 @@ fn running_out_of_memory_is_an_error_naming_what_ran_out_not_a_panic() {
     assert!(stderr.contains("out of memory while scoring 32 sequences"), "{stderr}");
     assert!(stderr.contains("DefaultCPUAllocator: can't allocate memory"), "{stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("frame #") && !stderr.contains("unwrap"), "{stderr}");
+}
+
+/// The last prompt position's logprobs at `temperature`, from the fixture's logits (computed
+/// by `transformers`).
+fn transformers_logprobs(case: &Case, temperature: f64) -> Tensor {
+    let last = case.logits.get(case.logits.size()[0] - 1) / temperature;
+    last.log_softmax(-1, Kind::Double)
+}
+
+#[test]
+fn sampled_and_trained_logprobs_are_those_of_the_tempered_distribution() {
+    let dir = fixture("llama");
+    let mut policy = load(&dir);
+    let case = &cases(&dir)[0];
+    let settings = GenerationSettings {
+        eos_token_ids: Some(Vec::new()),
+        ..GenerationSettings::new(Sampling::Sample { temperature: 0.7, top_k: 0, top_p: 1.0 }, 1)
+    };
+    let (tempered, raw) = (transformers_logprobs(case, 0.7), transformers_logprobs(case, 1.0));
+    let requests: Vec<GenerationRequest> =
+        (0..16).map(|seed| GenerationRequest { prompt_ids: case.input_ids.clone(), seed, adapter: None }).collect();
+    let sampled = policy.generate(&requests, &settings).unwrap();
+    let mut moved = 0.0f64;
+    for generation in &sampled {
+        let token = generation.token_ids[0];
+        let want = tempered.double_value(&[token]);
+        let got = f64::from(generation.logprobs[0]);
+        assert!((got - want).abs() < 1e-4, "token {token}: sampled logprob {got}, transformers at T=0.7 {want}");
+        // The trainer scores with the same temperature.
+        let request = ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids: vec![token], adapter: None };
+        let batching = MicroBatching { temperature: 0.7, ..MicroBatching::new(4096, false) };
+        let scored = f64::from(policy.score_batched(&[request], &batching).unwrap()[0][0]);
+        assert!((scored - want).abs() < 1e-4, "token {token}: trainer's logprob {scored} vs {want}");
+        moved = moved.max((want - raw.double_value(&[token])).abs());
+    }
+    assert!(moved > 1e-2, "temperature 0.7 must differ from 1 on some token (largest gap {moved})");
+}
+
+/// A trainer for the whole of `policy` at `lr`, no decay.
+fn trainer(policy: &Policy, lr: f64) -> petting::model::Trainer {
+    let config = petting::model::OptimizerConfig { lr, weight_decay: 0.0, ..Default::default() };
+    petting::model::Trainer::new(policy, None, &config, 1.0, None).unwrap()
+}
+
+/// Two responses to one prompt: the fixture's greedy continuation and another.
+fn two_responses(case: &Case) -> Vec<ScoreRequest> {
+    let other: Vec<i64> = case.greedy.iter().take(6).map(|&t| (t + 7) % 256).collect();
+    [case.greedy[..6].to_vec(), other]
+        .into_iter()
+        .map(|response_ids| ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids, adapter: None })
+        .collect()
+}
+
+fn sequence_logprob(policy: &mut Policy, request: &ScoreRequest) -> f64 {
+    policy.score(std::slice::from_ref(request), 4096).unwrap()[0].iter().map(|&x| f64::from(x)).sum()
+}
+
+#[test]
+fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one() {
+    use petting::algo::loss::Aggregation;
+    let dir = fixture("llama");
+    let case = &cases(&dir)[0];
+    let requests = two_responses(case);
+    for importance_cap in [None, Some(2.0)] {
+        let mut policy = load(&dir);
+        let before: Vec<f64> = requests.iter().map(|r| sequence_logprob(&mut policy, r)).collect();
+        let old = policy.score(&requests, 4096).unwrap();
+        // The engine's logprobs a little off the trainer's, so that the importance
+        // weights are not all 1.
+        let sampled: Vec<Vec<f32>> = old.iter().map(|lp| lp.iter().map(|x| x - 0.05).collect()).collect();
+        let old: Vec<&[f32]> = old.iter().map(Vec::as_slice).collect();
+        let sampled: Vec<&[f32]> = sampled.iter().map(Vec::as_slice).collect();
+        let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap };
+        let mut trainer = trainer(&policy, 1e-3);
+        let micro = MicroBatching::new(4096, false);
+        let done = trainer.ppo_step(
+            &mut policy,
+            &requests,
+            Some(&old),
+            &sampled,
+            &[Some(1.0), Some(-1.0)],
+            clip,
+            micro,
+            0,
+            1e-3,
+        );
+        let done = done.unwrap();
+        assert!(!done.skipped && done.loss.is_finite(), "{importance_cap:?}: {:?}", (done.loss, done.grad_norm));
+        drop(trainer);
+        let after: Vec<f64> = requests.iter().map(|r| sequence_logprob(&mut policy, r)).collect();
+        assert!(after[0] > before[0], "{importance_cap:?}: A = +1 response {} -> {}", before[0], after[0]);
+        assert!(after[1] < before[1], "{importance_cap:?}: A = -1 response {} -> {}", before[1], after[1]);
+    }
+}
+
+#[test]
+fn a_step_with_a_non_finite_loss_is_skipped_and_moves_nothing() {
+    use petting::algo::loss::Aggregation;
+    let dir = fixture("llama");
+    let case = &cases(&dir)[0];
+    let requests = two_responses(case);
+    let mut policy = load(&dir);
+    let before = policy.score(&requests, 4096).unwrap();
+    let sampled: Vec<&[f32]> = before.iter().map(Vec::as_slice).collect();
+    let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap: None };
+    let mut trainer = trainer(&policy, 1e-3);
+    let micro = MicroBatching::new(4096, false);
+    let done = trainer
+        .ppo_step(&mut policy, &requests, None, &sampled, &[Some(f64::NAN), Some(1.0)], clip, micro, 0, 1e-3)
+        .unwrap();
+    assert!(done.skipped, "a NaN advantage makes a NaN loss: {:?}", (done.loss, done.grad_norm));
+    assert_eq!((done.weights_change, trainer.steps_taken()), (0.0, 0), "no step was taken");
+    assert!(trainer.non_finite_weights().is_empty());
+    drop(trainer);
+    assert_eq!(policy.score(&requests, 4096).unwrap(), before, "the weights are unchanged");
+}
+
+#[test]
+fn a_prompt_over_the_limit_is_an_error_not_a_cut() {
+    let policy = load(&fixture("qwen3"));
+    let (_, ids) = policy.agent_prompt("Plan a path from S to G.", 4096).unwrap();
+    assert_eq!(policy.agent_prompt("Plan a path from S to G.", ids.len()).unwrap().1, ids, "at the limit: as it is");
+    let err = policy.agent_prompt("Plan a path from S to G.", ids.len() - 1).unwrap_err();
+    assert!(matches!(err, Error::PromptTooLong { tokens, limit, .. } if tokens == ids.len() && limit == ids.len() - 1));
+    let message = err.to_string();
+    assert!(message.contains("rollout.max_prompt_tokens") && message.contains("Plan a path"), "{message}");
+}
+
+#[test]
+fn a_masked_response_trains_as_if_it_were_not_in_the_mini_batch() {
+    use petting::algo::loss::Aggregation;
+    let dir = fixture("llama");
+    let case = &cases(&dir)[0];
+    let requests = two_responses(case);
+    let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap: None };
+    let micro = MicroBatching::new(4096, false);
+    let step = |requests: &[ScoreRequest], advantages: &[Option<f64>]| -> Vec<Vec<f32>> {
+        let mut policy = load(&dir);
+        let sampled = policy.score(requests, 4096).unwrap();
+        let sampled: Vec<&[f32]> = sampled.iter().map(Vec::as_slice).collect();
+        let mut trainer = trainer(&policy, 1e-3);
+        trainer.ppo_step(&mut policy, requests, None, &sampled, advantages, clip, micro, 0, 1e-3).unwrap();
+        drop(trainer);
+        policy.score(&two_responses(case), 4096).unwrap()
+    };
+    let masked = step(&requests, &[Some(1.0), None]);
+    let alone = step(&requests[..1], &[Some(1.0)]);
+    for (a, b) in masked.iter().flatten().zip(alone.iter().flatten()) {
+        assert!((a - b).abs() < 1e-5, "masked {a} vs trained alone {b}");
+    }
+    let both = step(&requests, &[Some(1.0), Some(1.0)]);
+    assert!(both.iter().flatten().zip(alone.iter().flatten()).any(|(a, b)| (a - b).abs() > 1e-4), "the mask matters");
 }

@@ -251,7 +251,7 @@ fn exports_the_selected_turns_as_transcripts(run_dir: &Path, out: &Path) {
 fn reports_the_run(run_dir: &Path, out: &Path) {
     let (ok, stdout, stderr) = run(&["report", run_dir.to_str().unwrap(), "--output", out.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("(7 charts, "), "{stdout}");
+    assert!(stdout.contains("(8 charts, "), "{stdout}");
     let links = local_links(out, &std::fs::read_to_string(out.join("index.html")).unwrap());
     let trees: Vec<_> = links.iter().filter(|l| l.extension().is_some_and(|e| e == "html")).collect();
     assert!(!trees.is_empty(), "the best and worst groups link to their trees");
@@ -261,7 +261,7 @@ fn reports_the_run(run_dir: &Path, out: &Path) {
         local_links(tree.parent().unwrap(), &page);
     }
     let charts: Vec<_> = links.iter().filter(|l| l.extension().is_some_and(|e| e == "png")).collect();
-    assert_eq!(charts.len(), 7, "{links:?}");
+    assert_eq!(charts.len(), 8, "{links:?}");
     for chart in charts {
         let image = image::open(chart).unwrap_or_else(|e| panic!("{}: {e}", chart.display())).to_rgb8();
         assert_eq!(image.dimensions(), (960, 480));

@@ -120,6 +120,39 @@ fn every_estimator_matches_its_pure_function() {
 }
 
 #[test]
+fn a_truncation_penalty_is_added_to_the_reward_of_cut_replies_only() {
+    block_on(async {
+        let store = RunStore::from_object_store(Arc::new(InMemory::new()), "run", "memory://run");
+        let text = config_text("at_grpo", "{}, truncated: penalty, truncation_penalty: -0.75");
+        store.init_config(&text).await.unwrap();
+        let config = config::parse(&text, std::path::Path::new("it.yaml")).unwrap();
+        let mut turns = synthetic::turn_rows(0, 512, 7);
+        turns.iter_mut().step_by(5).for_each(|t| t.finish_reason = "length".into());
+        synthetic::commit_rows(&store, 0, &turns, 200).await;
+        group::run(&store, &config, 0).await.unwrap();
+        let marker = advantage::run(&store, &config, 0).await.unwrap();
+        let samples: Vec<SampleRow> = store.read_rows(&[&marker]).await.unwrap();
+        let by_id: BTreeMap<&str, &SampleRow> = samples.iter().map(|s| (s.candidate_id.as_str(), s)).collect();
+        let mut groups: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+        for t in &turns {
+            let penalty = if t.finish_reason == "length" { -0.75 } else { 0.0 };
+            let reward = mixed_reward(0.5, t.team_reward, t.local_reward) + penalty;
+            let key = group_key(config.algorithm.name.grouping(), &t.task_id, &t.agent, t.turn);
+            groups.entry(key).or_default().push((t.candidate_id.clone(), reward));
+        }
+        for members in groups.values_mut() {
+            members.sort_by(|a, b| a.0.cmp(&b.0));
+            let rewards: Vec<f64> = members.iter().map(|(_, r)| *r).collect();
+            let expected = Algorithm::AtGrpo.advantages(&rewards, config.algorithm.std_epsilon);
+            for ((id, reward), want) in members.iter().zip(expected) {
+                let got = by_id[id.as_str()];
+                assert!(close(got.mixed_reward, *reward) && close(got.advantage, want), "{id}: {got:?}, want {want}");
+            }
+        }
+    });
+}
+
+#[test]
 fn at_grpo_advantages_sum_to_zero_per_group_and_carry_policy_and_lengths() {
     block_on(async {
         let (store, config, turns) = run_with_rollout("at_grpo", "{}").await;

@@ -98,6 +98,8 @@ enum Tamper {
     ForeignPart,
     /// tool_p's sampled logprobs are 0.5 lower than its weights give.
     Logprobs,
+    /// Every third row ran into max_new_tokens.
+    Truncated,
 }
 
 const TASKS: usize = 3;
@@ -209,6 +211,7 @@ async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
             .iter_mut()
             .filter(|r| r.policy == "tool_p")
             .for_each(|r| r.response_logprobs.iter_mut().for_each(|x| *x -= 0.5)),
+        Tamper::Truncated => rows.iter_mut().step_by(3).for_each(|r| r.finish_reason = "length".into()),
         Tamper::None | Tamper::ForeignPart => {}
     }
     let mut writer = run.store.begin(StageId::at(Stage::Rollout, iteration));
@@ -312,6 +315,8 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
             assert!(r.loss.is_finite() && r.grad_norm.is_finite() && r.grad_norm > 0.0, "{r:?}");
             assert_eq!((r.mode.as_str(), r.version_from, r.version_to), ("ppo", 0, 1));
             assert!(r.logprob_drift_max < 1e-4, "scored by the same weights: {r:?}");
+            assert_eq!((r.skipped, r.mismatch_fraction), (Some(false), Some(0.0)), "{r:?}");
+            assert!(r.mismatch_p95.is_some_and(|p| p < 1e-4), "{r:?}");
         }
         // The first step is on-policy: every ratio is 1.
         assert!((mine[0].ratio_mean - 1.0).abs() < 1e-6 && mine[0].clip_fraction == 0.0, "{:?}", mine[0]);
@@ -550,6 +555,68 @@ fn update_refuses_logprobs_the_weights_do_not_give() {
     }
     // plan_p (trained first) may leave its new adapter behind as an orphan.
     assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+}
+
+#[test]
+fn masked_truncated_replies_are_counted_and_left_out_of_the_loss() {
+    let run = new_run_edited("", &[("update: {", "algorithm: {truncated: mask}\nupdate: {")]);
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    let turns = block_on(rollout(&run, 0, Tamper::Truncated));
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
+    let rows = update_rows(&run, &marker);
+    let samples = samples_of(&run, 0);
+    let cut: std::collections::HashSet<&str> =
+        turns.iter().filter(|t| t.finish_reason == "length").map(|t| t.candidate_id.as_str()).collect();
+    for policy in ["plan_p", "tool_p"] {
+        let mine: Vec<&UpdateRow> = rows.iter().filter(|r| r.policy == policy).collect();
+        let all = samples.iter().filter(|s| s.policy == policy);
+        let truncated = all.clone().filter(|s| cut.contains(s.candidate_id.as_str())).count();
+        assert!(truncated > 0, "{policy}: the data must have truncated samples");
+        let counted: u32 = mine.iter().map(|r| r.truncated.unwrap()).sum();
+        let trained: u32 = mine.iter().map(|r| r.sequences).sum();
+        assert_eq!((counted as usize, trained as usize), (truncated, all.count() - truncated), "{policy}");
+    }
+}
+
+#[test]
+fn update_refuses_to_commit_weights_a_step_made_non_finite() {
+    // lr 1e39 is beyond float32: the first AdamW step writes infinities into tool_p.
+    let run = new_run_edited("", &[("optimizer: {lr: 0.001}", "optimizer: {lr: 1.0e39}")]);
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    block_on(rollout(&run, 0, Tamper::None));
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    match refusal(&err) {
+        update::Error::NonFiniteWeights { policy, .. } => assert_eq!(policy, "tool_p"),
+        other => panic!("expected non-finite weights, got {other}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("policies.tool_p.optimizer.lr") && message.contains("update.grad_clip"), "{message}");
+    assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+}
+
+#[test]
+fn update_refuses_a_checkpoint_whose_weights_give_non_finite_logprobs() {
+    let run = new_run("");
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    block_on(rollout(&run, 0, Tamper::None));
+    // The rollout's rows are sound, but the copy of plan_p (trained first) that the
+    // update finds in memory computes a NaN: its base's final norm is poisoned.
+    let resident = Resident::default();
+    let mut loaded = block_on(policies::load_all(&run.store, &run.config, 0)).unwrap();
+    let (policy, _) = loaded.model("plan_p").unwrap();
+    tch::no_grad(|| {
+        let norm = policy.var_store().variables().into_iter().find(|(n, _)| n.ends_with("model.norm.weight")).unwrap();
+        let _ = norm.1.shallow_clone().fill_(f64::NAN);
+    });
+    resident.give_back(loaded);
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &resident)).unwrap_err();
+    match refusal(&err) {
+        update::Error::NonFiniteLogprobs { policy, .. } | update::Error::NoFiniteStep { policy, .. } => {
+            assert_eq!(policy, "plan_p", "{err}")
+        }
+        other => panic!("expected non-finite logprobs, got {other}"),
+    }
+    assert_nothing_committed(&run, 0, None);
 }
 
 #[test]

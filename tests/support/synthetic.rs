@@ -92,14 +92,19 @@ pub async fn commit_turns(
     let mut markers = Vec::new();
     for iteration in 0..iterations {
         let rows = turn_rows(iteration, rows_per_iteration, 7);
-        let mut writer = store.begin(StageId::at(Stage::Rollout, iteration));
-        for chunk in rows.chunks(part_rows) {
-            let batch = tables::to_batch(chunk).unwrap();
-            writer.write_table(petting::schema::Table::Turns, Partition::Iteration(iteration), &[batch]).await.unwrap();
-        }
-        let info =
-            CommitInfo { run: "synthetic".into(), seed: 7, config_sha256: "synthetic".into(), ..CommitInfo::default() };
-        markers.push(writer.finish().commit(info).await.unwrap());
+        markers.push(commit_rows(store, iteration, &rows, part_rows).await);
     }
     markers
+}
+
+/// Commits `rows` as the rollout of `iteration`, in parts of at most `part_rows` rows.
+pub async fn commit_rows(store: &RunStore, iteration: u32, rows: &[TurnRow], part_rows: usize) -> CommitMarker {
+    let mut writer = store.begin(StageId::at(Stage::Rollout, iteration));
+    for chunk in rows.chunks(part_rows) {
+        let batch = tables::to_batch(chunk).unwrap();
+        writer.write_table(petting::schema::Table::Turns, Partition::Iteration(iteration), &[batch]).await.unwrap();
+    }
+    let info =
+        CommitInfo { run: "synthetic".into(), seed: 7, config_sha256: "synthetic".into(), ..CommitInfo::default() };
+    writer.finish().commit(info).await.unwrap()
 }

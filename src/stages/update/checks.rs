@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::algo::TRUNCATED_FINISH_REASON;
 use crate::config::RunConfig;
 use crate::policies;
 use crate::schema::Table;
@@ -23,6 +24,8 @@ pub(super) struct Sequence {
     pub(super) sampled: Vec<f32>,
     pub(super) engine: String,
     pub(super) advantage: f64,
+    /// The response ran into `max_new_tokens`.
+    pub(super) truncated: bool,
 }
 
 /// What one policy trains on, once every check has passed.
@@ -223,5 +226,6 @@ fn sequence_of(sample: &SampleRow, turn: &TurnRow) -> Result<Option<Sequence>, E
         sampled: turn.response_logprobs.clone(),
         engine: turn.engine.clone(),
         advantage: sample.advantage,
+        truncated: turn.finish_reason == TRUNCATED_FINISH_REASON,
     }))
 }

@@ -31,8 +31,12 @@
 //! The optimiser continues across iterations: its state (float32 moments and master
 //! weights, the step count) is saved with every checkpoint version and loaded with it, so
 //! a resumed run or a fork continues the very same optimisation. The learning-rate
-//! schedule is placed on a run-wide step axis that assumes every iteration takes as many
-//! steps as this one: step = k · steps_k + s of iterations · steps_k.
+//! schedule is placed on a run-wide axis of the steps actually taken (the optimiser
+//! state's count), assuming every later iteration takes as many as this one.
+//!
+//! A step whose loss or gradient norm is not finite is not taken (`updates.skipped`); an
+//! update that takes none, or whose weights end non-finite, fails naming the policy and
+//! the knobs that help, before anything is written.
 //!
 //! `updates.entropy` is the mean of −log π(token) over the mini-batch's sampled tokens
 //! under the pre-step weights: the token entropy in expectation when the rollout sampled
@@ -47,10 +51,13 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::algo::loss::ppo_clip_loss;
-use crate::algo::stats::mean_max;
+use crate::algo::Truncated;
+use crate::algo::loss::{ppo_clip_loss, truncated_importance_weight};
+use crate::algo::stats::{mean_max, mismatch};
 use crate::config::RunConfig;
-use crate::model::{AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, Trainer, prompt_groups};
+use crate::model::{
+    AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, StepResult, Trainer, prompt_groups,
+};
 use crate::policies::{self, Resident};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, permutation, stream};
@@ -60,7 +67,7 @@ use crate::tables::{self, LogprobGapRow, SampleRow, TurnRow, UpdateRow};
 use crate::validate::{Invalid, check};
 
 use super::inputs;
-use checks::TrainingSet;
+use checks::{Sequence, TrainingSet};
 pub use initialise::{check_fork, initialise};
 
 /// `update:` in a run's config.
@@ -249,9 +256,31 @@ pub enum Error {
     #[error(
         "refusing to update {policy:?} v{version}: the recomputed logprobs differ from the sampled ones by {mean:.4} \
          on average (max {max:.4}), more than update.max_logprob_drift = {limit}; the rollout used other weights \
-         or the sampler is broken"
+         or the sampler is broken (a vLLM server sampling at a temperature other than 1 must run with \
+         --logprobs-mode processed_logprobs, so that its logprobs are those of the distribution it drew from)"
     )]
     Drift { policy: String, version: u32, mean: f64, max: f64, limit: f64 },
+
+    #[error(
+        "refusing to update {policy:?} v{version}: its weights give non-finite logprobs on {tokens} of the sampled \
+         tokens; the checkpoint is broken (its weights hold a NaN or an infinity)"
+    )]
+    NonFiniteLogprobs { policy: String, version: u32, tokens: usize },
+
+    #[error(
+        "the update of {policy:?} v{version} took no step: the loss or gradient norm was not finite in all {steps} \
+         of its mini-batches; nothing was written. What helps: a lower learning rate (policies.{policy}.optimizer.lr \
+         = {lr}), a tighter update.grad_clip (now {grad_clip}), or float32 weights (policies.{policy}.dtype, now \
+         {dtype})"
+    )]
+    NoFiniteStep { policy: String, version: u32, steps: usize, lr: f64, grad_clip: f64, dtype: String },
+
+    #[error(
+        "refusing to commit {policy:?} v{version}: after the update its weights hold a NaN or an infinity ({names}); \
+         nothing was written. What helps: a lower learning rate (policies.{policy}.optimizer.lr = {lr}) or a tighter \
+         update.grad_clip (now {grad_clip})"
+    )]
+    NonFiniteWeights { policy: String, version: u32, names: String, lr: f64, grad_clip: f64 },
 
     #[error("policy {policy:?}: {reason}")]
     Init { policy: String, reason: String },
@@ -337,6 +366,15 @@ pub async fn run(
     Ok(marker)
 }
 
+/// The temperature the rollout's samples were drawn at, which the trainer's logprobs
+/// must use to be the behaviour policy's (a greedy rollout's are at temperature 1).
+fn scoring_temperature(config: &RunConfig) -> f64 {
+    match config.rollout.sampling.temperature {
+        t if t > 0.0 => t,
+        _ => 1.0,
+    }
+}
+
 /// What a PPO update of one policy runs with.
 struct PpoSettings<'a> {
     name: String,
@@ -352,6 +390,9 @@ struct PpoSettings<'a> {
     /// from a no-grad pass.
     reuse_first_forward: bool,
     optimizer: &'a OptimizerConfig,
+    /// The dtype the policy's weights are held in, for messages.
+    dtype: String,
+    truncated: Truncated,
     seed: u64,
 }
 
@@ -365,7 +406,7 @@ impl PpoSettings<'_> {
             iterations: config.iterations,
             epochs: update.epochs,
             mini_batch: update.mini_batch_sequences.max(1) as usize,
-            micro: update.micro_batching(policy),
+            micro: MicroBatching { temperature: scoring_temperature(config), ..update.micro_batching(policy) },
             grad_clip: update.grad_clip,
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,
@@ -375,8 +416,15 @@ impl PpoSettings<'_> {
             max_drift: update.max_logprob_drift,
             reuse_first_forward: config.policies[name].lora.as_ref().is_none_or(|l| l.dropout == 0.0),
             optimizer: &config.policies[name].optimizer,
+            dtype: format!("{:?}", policy.kind()),
+            truncated: algorithm.truncated,
             seed: stream(&[config.seed, Key::PPO, u64::from(iteration), name_key(name)]),
         }
+    }
+
+    /// The advantage `sequence` trains with, or none when it is masked out of the loss.
+    fn trained_advantage(&self, sequence: &Sequence) -> Option<f64> {
+        (!(sequence.truncated && self.truncated == Truncated::Mask)).then_some(sequence.advantage)
     }
 
     /// Optimiser steps over `sequences` samples: every epoch in mini-batches.
@@ -431,8 +479,7 @@ fn train_ppo(
     }
 
     let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
-    let steps_per_iteration = settings.steps(sequences.len());
-    let total = u64::from(settings.iterations) * steps_per_iteration;
+    let total = schedule_length(trainer.steps_taken(), settings.steps(sequences.len()), settings);
     let mut rows = Vec::new();
     let mut drift = Vec::new();
     for chunk in epochs.iter().flat_map(|order| order.chunks(settings.mini_batch)) {
@@ -442,8 +489,8 @@ fn train_ppo(
         let batch: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
         let old_batch: Vec<&[f32]> = chunk.iter().map(|&i| old[i].as_slice()).collect();
         let sampled: Vec<&[f32]> = chunk.iter().map(|&i| sequences[i].sampled.as_slice()).collect();
-        let advantages: Vec<f64> = chunk.iter().map(|&i| sequences[i].advantage).collect();
-        let lr = settings.optimizer.learning_rate(u64::from(settings.iteration) * steps_per_iteration + step, total);
+        let advantages: Vec<Option<f64>> = chunk.iter().map(|&i| settings.trained_advantage(&sequences[i])).collect();
+        let lr = settings.optimizer.learning_rate(trainer.steps_taken(), total);
         let seed = stream(&[settings.seed, Key::PPO, step]);
         let old_given = (!own_forward).then_some(old_batch.as_slice());
         let done = trainer.ppo_step(
@@ -466,12 +513,51 @@ fn train_ppo(
             drift = check_drift(set, settings, &old)?;
         }
         let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
-        let facts = StepFacts { step, grad_norm: done.grad_norm, weights_change: done.weights_change, lr, start };
-        rows.push(step_row(settings, set, chunk, &done.logprobs, &old, &drift, facts));
+        let facts = StepFacts { step, done: &done, lr, start };
+        rows.push(step_row(settings, set, chunk, &old, &drift, facts));
         progress.advance(1, tokens as u64);
     }
+    check_finite(set, settings, &trainer, &rows)?;
     let gaps = gap_rows(set, &old);
     Ok((Trained { steps: rows, gaps }, Some(trainer.state())))
+}
+
+/// The optimiser steps the learning-rate schedule spans: those taken before this
+/// iteration (the continued optimiser state counts them, so a resumed or forked run and
+/// an iteration with fewer samples keep their place) and, for this and every later
+/// iteration, as many as this one takes.
+fn schedule_length(taken: u64, this_iteration: u64, settings: &PpoSettings) -> u64 {
+    let left = u64::from(settings.iterations.saturating_sub(settings.iteration).max(1));
+    taken + this_iteration * left
+}
+
+/// An error unless at least one step was taken and every trained weight is finite: a
+/// NaN committed would be sampled from, and trained on, from then on.
+fn check_finite(set: &TrainingSet, settings: &PpoSettings, trainer: &Trainer, rows: &[UpdateRow]) -> Result<(), Error> {
+    let (policy, version) = (set.name.clone(), set.current.version);
+    if rows.iter().all(|r| r.skipped == Some(true)) {
+        return Err(Error::NoFiniteStep {
+            policy,
+            version,
+            steps: rows.len(),
+            lr: settings.optimizer.lr,
+            grad_clip: settings.grad_clip,
+            dtype: settings.dtype.clone(),
+        });
+    }
+    let names = trainer.non_finite_weights();
+    if !names.is_empty() {
+        let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
+        let more = if names.len() > 3 { format!(" and {} more", names.len() - 3) } else { String::new() };
+        return Err(Error::NonFiniteWeights {
+            policy,
+            version,
+            names: format!("{}{more}", shown.join(", ")),
+            lr: settings.optimizer.lr,
+            grad_clip: settings.grad_clip,
+        });
+    }
+    Ok(())
 }
 
 /// Each sample's engine-vs-trainer gap, from the trainer's logprobs before the first step.
@@ -499,13 +585,22 @@ fn gap_rows(set: &TrainingSet, trainer: &[Vec<f32>]) -> Vec<LogprobGapRow> {
 /// Each token's |recomputed − sampled| logprob; an error when their mean exceeds the limit
 /// (the weights or the sampler are not what the rollout says).
 fn check_drift(set: &TrainingSet, settings: &PpoSettings, old: &[Vec<f32>]) -> Result<Vec<Vec<f64>>, Error> {
+    let non_finite = old.iter().flatten().filter(|x| !x.is_finite()).count();
+    if non_finite > 0 {
+        return Err(Error::NonFiniteLogprobs {
+            policy: set.name.clone(),
+            version: set.current.version,
+            tokens: non_finite,
+        });
+    }
     let drift: Vec<Vec<f64>> = old
         .iter()
         .zip(&set.sequences)
         .map(|(o, s)| o.iter().zip(&s.sampled).map(|(a, b)| f64::from((a - b).abs())).collect())
         .collect();
     let (mean, max) = mean_max(drift.iter().flatten().copied());
-    if mean > settings.max_drift {
+    // A NaN mean fails too.
+    if mean.is_nan() || mean > settings.max_drift {
         return Err(Error::Drift {
             policy: set.name.clone(),
             version: set.current.version,
@@ -525,34 +620,54 @@ fn mini_batch_order(requests: &[ScoreRequest], seed: u64) -> Vec<usize> {
     permutation(groups.len(), seed).into_iter().flat_map(|g| std::mem::take(&mut groups[g])).collect()
 }
 
-struct StepFacts {
+struct StepFacts<'a> {
     step: u64,
-    grad_norm: f64,
-    weights_change: f64,
+    done: &'a StepResult,
     lr: f64,
     start: Instant,
 }
 
 /// The `updates` row of one step: the PPO terms by `algo::loss` on the logprobs the
-/// step's forward computed (before the step), with the pre-update drift and entropy.
+/// step's forward computed (before the step), weighted as the step weighted them, with
+/// the pre-update drift and entropy.
 fn step_row(
     settings: &PpoSettings,
     set: &TrainingSet,
     chunk: &[usize],
-    new: &[Vec<f32>],
     old: &[Vec<f32>],
     drift: &[Vec<f64>],
     facts: StepFacts,
 ) -> UpdateRow {
-    let pairs: Vec<Vec<(f64, f64)>> = chunk
+    let new = &facts.done.logprobs;
+    let truncated = chunk.iter().filter(|&&i| set.sequences[i].truncated).count();
+    // The loss's terms are those of the sequences it trained on.
+    let (rows, chunk): (Vec<usize>, Vec<usize>) =
+        chunk.iter().enumerate().filter(|&(_, &i)| settings.trained_advantage(&set.sequences[i]).is_some()).unzip();
+    let pairs: Vec<Vec<(f64, f64)>> = rows
         .iter()
-        .enumerate()
-        .map(|(row, &i)| new[row].iter().zip(&old[i]).map(|(&n, &o)| (f64::from(n), f64::from(o))).collect())
+        .zip(&chunk)
+        .map(|(&row, &i)| new[row].iter().zip(&old[i]).map(|(&n, &o)| (f64::from(n), f64::from(o))).collect())
         .collect();
     let sequences: Vec<(&[(f64, f64)], f64)> =
-        pairs.iter().zip(chunk).map(|(p, &i)| (p.as_slice(), set.sequences[i].advantage)).collect();
-    let summary = ppo_clip_loss(&sequences, settings.clip.epsilon, settings.clip.aggregation);
+        pairs.iter().zip(&chunk).map(|(p, &i)| (p.as_slice(), set.sequences[i].advantage)).collect();
+    let weights: Option<Vec<Vec<f64>>> = settings.clip.importance_cap.map(|cap| {
+        chunk
+            .iter()
+            .map(|&i| {
+                let sampled = &set.sequences[i].sampled;
+                old[i]
+                    .iter()
+                    .zip(sampled)
+                    .map(|(&o, &e)| truncated_importance_weight(o.into(), e.into(), cap))
+                    .collect()
+            })
+            .collect()
+    });
+    let summary = ppo_clip_loss(&sequences, weights.as_deref(), settings.clip.epsilon, settings.clip.aggregation);
     let (drift_mean, drift_max) = mean_max(chunk.iter().flat_map(|&i| drift[i].iter().copied()));
+    let (mismatch_fraction, mismatch_p95) = mismatch(chunk.iter().flat_map(|&i| {
+        old[i].iter().zip(&set.sequences[i].sampled).map(|(&trainer, &sampler)| f64::from(trainer - sampler))
+    }));
     let (entropy, _) = mean_max(chunk.iter().flat_map(|&i| old[i].iter().map(|&x| -f64::from(x))));
     UpdateRow {
         policy: settings.name.clone(),
@@ -567,12 +682,16 @@ fn step_row(
         logprob_drift_mean: drift_mean,
         logprob_drift_max: drift_max,
         approx_kl: summary.approx_kl,
-        grad_norm: facts.grad_norm,
+        grad_norm: facts.done.grad_norm,
         entropy,
         tokens: summary.tokens as u64,
         sequences: chunk.len() as u32,
         learning_rate: facts.lr,
-        weights_change: Some(facts.weights_change),
+        weights_change: Some(facts.done.weights_change),
+        skipped: Some(facts.done.skipped),
+        truncated: Some(truncated as u32),
+        mismatch_fraction: Some(mismatch_fraction),
+        mismatch_p95: Some(mismatch_p95),
         seconds: facts.start.elapsed().as_secs_f64(),
     }
 }

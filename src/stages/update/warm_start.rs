@@ -138,6 +138,10 @@ pub(super) fn train(
             sequences: chosen.len() as u32,
             learning_rate: lr,
             weights_change: Some(done.weights_change),
+            skipped: Some(done.skipped),
+            truncated: None,
+            mismatch_fraction: None,
+            mismatch_p95: None,
             seconds: start.elapsed().as_secs_f64(),
         });
         progress.advance(1, tokens as u64);

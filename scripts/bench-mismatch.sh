@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The sampler/trainer mismatch table of BENCHMARKS.md: one math rollout (16 tasks, K = 4,
+# 128 new tokens, temperature 1) sampled by the tch sampler or by a vLLM server, then one
+# update whose single step per policy records, over every sampled token, the share whose
+# ratio π_trainer / π_sampler lies outside [0.9, 1.1] (`updates.mismatch_fraction`) and
+# the 95th percentile of |Δ logprob| (`updates.mismatch_p95`). Rows: SmolLM2-135M-Instruct
+# and Qwen2.5-Coder-0.5B-Instruct, the sampler and the trainer in float32 or bf16.
+# Each vLLM row starts its own server (scripts/vllm-test-server.sh serve) on PORT.
+#
+# Usage: scripts/bench-mismatch.sh [PORT]    (results: bench-results/mismatch.csv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+port=${1:-8431}
+cargo build --locked --quiet --bin petting
+bin=target/debug/petting
+out=bench-results/mismatch.csv
+mkdir -p bench-results
+echo "model,sampler,sampler_dtype,trainer_dtype,tokens,outside_band,p95_abs_dlogprob" > "$out"
+
+row() {
+    local model=$1 sampler=$2 sampler_dtype=$3 trainer_dtype=$4
+    local work; work=$(mktemp -d)
+    local args=(--set "store=$work/run" --set seed=7 --set iterations=1 --set data.train_tasks=16
+        --set rollout.tasks_per_iteration=16 --set rollout.k=4 --set workflow.max_turns=1
+        --set rollout.sampling.temperature=1.0 --set rollout.sampling.max_new_tokens=128
+        --set algorithm.filter.drop_degenerate=false --set update.mini_batch_sequences=1024
+        --set evaluation.at_start=false --set evaluation.tasks=1
+        --set "policies.shared.model=$PWD/checkpoints/$model" --set "policies.shared.dtype=$trainer_dtype")
+    local server=""
+    if [[ $sampler == vllm ]]; then
+        VLLM_DTYPE=$sampler_dtype scripts/vllm-test-server.sh serve "$port" "$PWD/checkpoints/$model" \
+            > "$work/vllm.log" 2>&1 &
+        server=$!
+        until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
+            kill -0 "$server" 2> /dev/null || { cat "$work/vllm.log" >&2; exit 1; }
+            sleep 2
+        done
+        args+=(--set rollout.engine=vllm --set "vllm.url=http://127.0.0.1:$port" --set vllm.load_weights=false)
+    fi
+    "$bin" pipeline run pipelines/math-single-agent.yaml "${args[@]}" --until update:0 > "$work/run.log" 2>&1 \
+        || { tail -5 "$work/run.log" >&2; }
+    [[ -z $server ]] || { kill -- "-$server" 2> /dev/null || kill "$server"; wait "$server" 2> /dev/null || true; }
+    local stats
+    stats=$("$bin" sql "$work/run" "SELECT sum(tokens), sum(mismatch_fraction * tokens) / sum(tokens),
+        max(mismatch_p95) FROM updates WHERE mode = 'ppo'" --format csv | tail -1)
+    echo "$model,$sampler,$sampler_dtype,$trainer_dtype,$stats" | tee -a "$out"
+    rm -rf "$work"
+}
+
+for model in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct; do
+    row "$model" tch float32 f32
+    row "$model" tch bfloat16 bf16
+    row "$model" vllm float32 f32
+    row "$model" vllm bfloat16 f32
+    row "$model" vllm bfloat16 bf16
+done
