@@ -82,8 +82,8 @@ pub struct StepResult {
     pub grad_norm: f64,
     /// How far the step moved the weights the policy samples with, relative to their norm.
     pub weights_change: f64,
-    /// The loss or the gradient norm was not finite, so no step was taken: the weights
-    /// and the optimiser state are as they were.
+    /// No step was taken, the weights and the optimiser state are as they were: the loss
+    /// or the gradient norm was not finite, or no token was trained (all masked).
     pub skipped: bool,
 }
 
@@ -146,7 +146,7 @@ impl Trainer {
             loss += value.double_value(&[]);
             Ok(value)
         })?;
-        Ok(self.step(lr, logprobs, loss))
+        Ok(self.step(lr, logprobs, loss, tokens))
     }
 
     /// A PPO-clip step on `batch`, whose request i has the old logprobs `old[i]` and the
@@ -196,17 +196,18 @@ impl Trainer {
             loss += value.double_value(&[]);
             Ok(value)
         })?;
-        Ok(self.step(lr, logprobs, loss))
+        Ok(self.step(lr, logprobs, loss, tokens))
     }
 
     /// Takes the optimiser step at `lr` on the accumulated gradients, clipped to a global
-    /// norm of `grad_clip`; or, when the loss or the gradient norm is not finite, drops
-    /// the gradients and takes none (a NaN would reach the moments and the float32
-    /// masters, and stay there).
-    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64) -> StepResult {
+    /// norm of `grad_clip`; or, when the loss or the gradient norm is not finite (a NaN
+    /// would reach the moments and the float32 masters, and stay there) or no token was
+    /// trained (AdamW's momentum would still move the weights), drops the gradients and
+    /// takes none.
+    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64, trained_tokens: usize) -> StepResult {
         self.optimizer.accumulate();
         let grad_norm = self.optimizer.grad_norm();
-        if !(loss.is_finite() && grad_norm.is_finite()) {
+        if !(loss.is_finite() && grad_norm.is_finite()) || trained_tokens == 0 {
             self.optimizer.zero_grad();
             return StepResult { logprobs, loss, grad_norm, weights_change: 0.0, skipped: true };
         }

@@ -531,15 +531,17 @@ fn schedule_length(taken: u64, this_iteration: u64, settings: &PpoSettings) -> u
     taken + this_iteration * left
 }
 
-/// An error unless at least one step was taken and every trained weight is finite: a
-/// NaN committed would be sampled from, and trained on, from then on.
+/// An error unless a step was taken where there was something to train, and every
+/// trained weight is finite: a NaN committed would be sampled from, and trained on, from
+/// then on.
 fn check_finite(set: &TrainingSet, settings: &PpoSettings, trainer: &Trainer, rows: &[UpdateRow]) -> Result<(), Error> {
     let (policy, version) = (set.name.clone(), set.current.version);
-    if rows.iter().all(|r| r.skipped == Some(true)) {
+    let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.tokens > 0).collect();
+    if !trained.is_empty() && trained.iter().all(|r| r.skipped == Some(true)) {
         return Err(Error::NoFiniteStep {
             policy,
             version,
-            steps: rows.len(),
+            steps: trained.len(),
             lr: settings.optimizer.lr,
             grad_clip: settings.grad_clip,
             dtype: settings.dtype.clone(),
