@@ -7,15 +7,19 @@
 # and Qwen2.5-Coder-0.5B-Instruct, the sampler and the trainer in float32 or bf16.
 # Each vLLM row starts its own server (scripts/vllm-test-server.sh serve) on PORT.
 #
-# Usage: scripts/bench-mismatch.sh [PORT]    (results: bench-results/mismatch.csv)
+# Usage: scripts/bench-mismatch.sh [PORT [MODEL...]]    (results: bench-results/mismatch.csv)
+#   MODEL: folders under checkpoints/ (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${1:-8431}
+shift || true
+models=("$@")
+((${#models[@]})) || models=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 cargo build --locked --quiet --bin petting
 bin=target/debug/petting
 out=bench-results/mismatch.csv
 mkdir -p bench-results
-echo "model,sampler,sampler_dtype,trainer_dtype,tokens,outside_band,p95_abs_dlogprob" > "$out"
+[[ -f $out ]] || echo "model,sampler,sampler_dtype,trainer_dtype,tokens,outside_band,p95_abs_dlogprob" > "$out"
 
 row() {
     local model=$1 sampler=$2 sampler_dtype=$3 trainer_dtype=$4
@@ -47,7 +51,7 @@ row() {
     rm -rf "$work"
 }
 
-for model in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct; do
+for model in "${models[@]}"; do
     row "$model" tch float32 f32
     row "$model" tch bfloat16 bf16
     row "$model" vllm float32 f32

@@ -23,7 +23,8 @@ fn sql(run: &Path, query: &str) -> Vec<String> {
 }
 
 /// A math run of `iterations` with these policies, agents and `vllm:` section, sampling
-/// and evaluating through vLLM.
+/// and evaluating through vLLM, at temperature 0.7: the logprobs vLLM returns must be
+/// those of the tempered distribution, which the update recomputes (the gap checks).
 fn write_config(dir: &Path, iterations: u32, agents: &str, policies: &str, vllm: &str) -> PathBuf {
     let config = dir.join("run.yaml");
     std::fs::write(
@@ -36,7 +37,7 @@ iterations: {iterations}
 agents: {agents}
 policies:
 {policies}
-rollout: {{tasks_per_iteration: 2, k: 2, engine: vllm, sampling: {{temperature: 1.0, max_new_tokens: 24}}}}
+rollout: {{tasks_per_iteration: 2, k: 2, engine: vllm, sampling: {{temperature: 0.7, max_new_tokens: 24}}}}
 evaluation: {{tasks: 2, samples: 1, at_start: false, engine: vllm, sampling: {{max_new_tokens: 24}}}}
 vllm: {vllm}
 "#,

@@ -479,7 +479,8 @@ fn train_ppo(
     }
 
     let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
-    let total = schedule_length(trainer.steps_taken(), settings.steps(sequences.len()), settings);
+    let total =
+        schedule_length(trainer.steps_taken(), settings.steps(sequences.len()), settings.iterations, settings.iteration);
     let mut rows = Vec::new();
     let mut drift = Vec::new();
     for chunk in epochs.iter().flat_map(|order| order.chunks(settings.mini_batch)) {
@@ -522,12 +523,12 @@ fn train_ppo(
     Ok((Trained { steps: rows, gaps }, Some(trainer.state())))
 }
 
-/// The optimiser steps the learning-rate schedule spans: those taken before this
-/// iteration (the continued optimiser state counts them, so a resumed or forked run and
-/// an iteration with fewer samples keep their place) and, for this and every later
-/// iteration, as many as this one takes.
-fn schedule_length(taken: u64, this_iteration: u64, settings: &PpoSettings) -> u64 {
-    let left = u64::from(settings.iterations.saturating_sub(settings.iteration).max(1));
+/// The optimiser steps the learning-rate schedule of a run of `iterations` spans, seen
+/// from iteration `iteration`: those taken before it (the continued optimiser state
+/// counts them, so a resumed or forked run and an iteration with fewer samples keep
+/// their place) and, for this and every later iteration, as many as this one takes.
+fn schedule_length(taken: u64, this_iteration: u64, iterations: u32, iteration: u32) -> u64 {
+    let left = u64::from(iterations.saturating_sub(iteration).max(1));
     taken + this_iteration * left
 }
 
@@ -701,6 +702,17 @@ fn step_row(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_schedule_spans_the_steps_taken_and_those_still_to_come() {
+        // Iteration 0 of 10, 4 steps each: 40, as a fixed step count would say.
+        assert_eq!(schedule_length(0, 4, 10, 0), 40);
+        // Iteration 3 after 9 steps (the filters left fewer samples in 0-2), 4 this time:
+        // the 9 taken and 7 iterations of 4, not 10 x 4 with step 12 next.
+        assert_eq!(schedule_length(9, 4, 10, 3), 37);
+        // A run extended past its configured iterations still has this one to go.
+        assert_eq!(schedule_length(40, 4, 10, 10), 44);
+    }
 
     #[test]
     fn an_epoch_keeps_each_groups_samples_together() {
