@@ -139,7 +139,12 @@ impl Algorithm {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct GroupFilter {
-    /// Drop groups whose rewards are all equal (no learning signal).
+    /// Drop groups whose rewards are all equal (no learning signal). Off by default: kept,
+    /// their zero-advantage samples add nothing to the loss but count in the token-mean
+    /// denominator, which scales the step down as groups saturate. Measured on the
+    /// embedded default (pipelines/plan-path.yaml), dropping them gives the same held-out
+    /// success at v0/v10/v20/v30 and 26% less update time; the shipped math and code
+    /// pipelines drop them.
     pub drop_degenerate: bool,
     /// Drop this fraction of groups with the lowest mean reward.
     pub drop_lowest_mean_fraction: f64,
