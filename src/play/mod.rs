@@ -145,6 +145,7 @@ pub struct Setup {
     pub branching: Branching,
     /// Keys every seed of this run and stage starts with (run seed, iteration, stage key, …).
     pub seed_keys: Vec<u64>,
+    /// What a prompt over the responder's limit does to its task.
     pub overlong_prompt: OverlongPrompt,
 }
 
