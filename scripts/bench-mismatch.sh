@@ -44,9 +44,13 @@ row() {
         done
         args+=(--set rollout.engine=vllm --set "vllm.url=http://127.0.0.1:$port" --set vllm.load_weights=false)
     fi
-    "$bin" pipeline run pipelines/math-single-agent.yaml "${args[@]}" > "$work/run.log" 2>&1 \
+    # The server stops before the update: a 0.5B model's full fine-tuning and a vLLM
+    # server holding it do not fit in 24 GiB together.
+    "$bin" pipeline run pipelines/math-single-agent.yaml "${args[@]}" --until update:0 > "$work/run.log" 2>&1 \
         || { tail -5 "$work/run.log" >&2; }
     [[ -z $server ]] || { kill -- "-$server" 2> /dev/null || kill "$server"; wait "$server" 2> /dev/null || true; }
+    "$bin" pipeline run pipelines/math-single-agent.yaml "${args[@]}" >> "$work/run.log" 2>&1 \
+        || { tail -5 "$work/run.log" >&2; }
     local stats
     stats=$("$bin" sql "$work/run" "SELECT sum(tokens), sum(mismatch_fraction * tokens) / sum(tokens),
         max(mismatch_p95) FROM updates WHERE mode = 'ppo'" --format csv | tail -1)
