@@ -851,7 +851,7 @@ fn sequence_logprob(policy: &mut Policy, request: &ScoreRequest) -> f64 {
 
 #[test]
 fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one() {
-    use petting::algo::loss::Aggregation;
+    use petting::algo::loss::{ppo_clip_loss, truncated_importance_weight, Aggregation};
     let dir = fixture("llama");
     let case = &cases(&dir)[0];
     let requests = two_responses(case);
@@ -859,9 +859,11 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
         let mut policy = load(&dir);
         let before: Vec<f64> = requests.iter().map(|r| sequence_logprob(&mut policy, r)).collect();
         let old = policy.score(&requests, 4096).unwrap();
-        // The engine's logprobs a little off the trainer's, so that the importance
-        // weights are not all 1.
-        let sampled: Vec<Vec<f32>> = old.iter().map(|lp| lp.iter().map(|x| x - 0.05).collect()).collect();
+        // The engine's logprobs off the trainer's, so that the importance weights are not
+        // all 1: a little above, far above (weight e^-0.9) and below past the cap (e^1 > 2).
+        let offset = |j: usize| [0.05f32, 0.9, -1.0][j % 3];
+        let sampled: Vec<Vec<f32>> =
+            old.iter().map(|lp| lp.iter().enumerate().map(|(j, x)| x + offset(j)).collect()).collect();
         let old: Vec<&[f32]> = old.iter().map(Vec::as_slice).collect();
         let sampled: Vec<&[f32]> = sampled.iter().map(Vec::as_slice).collect();
         let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap };
@@ -880,6 +882,19 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
         );
         let done = done.unwrap();
         assert!(!done.skipped && done.loss.is_finite(), "{importance_cap:?}: {:?}", (done.loss, done.grad_norm));
+        // The tensor loss weighs each token as the pure function does: ratio 1 (the old
+        // logprobs are the step's own forward), times the capped importance weight.
+        let pairs: Vec<Vec<(f64, f64)>> =
+            old.iter().map(|lp| lp.iter().map(|&x| (f64::from(x), f64::from(x))).collect()).collect();
+        let sequences: Vec<(&[(f64, f64)], f64)> = pairs.iter().map(Vec::as_slice).zip([1.0, -1.0]).collect();
+        let weights: Option<Vec<Vec<f64>>> = importance_cap.map(|cap| {
+            old.iter()
+                .zip(&sampled)
+                .map(|(o, s)| o.iter().zip(*s).map(|(&o, &s)| truncated_importance_weight(o.into(), s.into(), cap)).collect())
+                .collect()
+        });
+        let expected = ppo_clip_loss(&sequences, weights.as_deref(), 0.2, Aggregation::TokenMean).loss;
+        assert!((done.loss - expected).abs() < 1e-4, "{importance_cap:?}: loss {} vs {expected}", done.loss);
         drop(trainer);
         let after: Vec<f64> = requests.iter().map(|r| sequence_logprob(&mut policy, r)).collect();
         assert!(after[0] > before[0], "{importance_cap:?}: A = +1 response {} -> {}", before[0], after[0]);
