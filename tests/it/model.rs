@@ -851,7 +851,7 @@ fn sequence_logprob(policy: &mut Policy, request: &ScoreRequest) -> f64 {
 
 #[test]
 fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one() {
-    use petting::algo::loss::{ppo_clip_loss, truncated_importance_weight, Aggregation};
+    use petting::algo::loss::{Aggregation, ppo_clip_loss, truncated_importance_weight};
     let dir = fixture("llama");
     let case = &cases(&dir)[0];
     let requests = two_responses(case);
@@ -890,7 +890,9 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
         let weights: Option<Vec<Vec<f64>>> = importance_cap.map(|cap| {
             old.iter()
                 .zip(&sampled)
-                .map(|(o, s)| o.iter().zip(*s).map(|(&o, &s)| truncated_importance_weight(o.into(), s.into(), cap)).collect())
+                .map(|(o, s)| {
+                    o.iter().zip(*s).map(|(&o, &s)| truncated_importance_weight(o.into(), s.into(), cap)).collect()
+                })
                 .collect()
         });
         let expected = ppo_clip_loss(&sequences, weights.as_deref(), 0.2, Aggregation::TokenMean).loss;

@@ -479,8 +479,12 @@ fn train_ppo(
     }
 
     let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
-    let total =
-        schedule_length(trainer.steps_taken(), settings.steps(sequences.len()), settings.iterations, settings.iteration);
+    let total = schedule_length(
+        trainer.steps_taken(),
+        settings.steps(sequences.len()),
+        settings.iterations,
+        settings.iteration,
+    );
     let mut rows = Vec::new();
     let mut drift = Vec::new();
     for chunk in epochs.iter().flat_map(|order| order.chunks(settings.mini_batch)) {
