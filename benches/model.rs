@@ -1,5 +1,5 @@
-//! The model workloads of `../shared/bench/ANCHORS.md`, measured the way the anchors are,
-//! so the two can be run side by side (`scripts/bench-models.sh`):
+//! The model workloads the Hugging Face `transformers` anchors measure (BENCHMARKS.md,
+//! "Models against Hugging Face transformers"), measured the same way (`scripts/bench-models.sh`):
 //!
 //! * A `prefill`: one forward over 16 × 256 random prompt tokens (full logits), and the
 //!   same keeping the last position only (a 1-token generate);
@@ -196,7 +196,7 @@ fn main() {
         None => {
             let config_path = args.config.clone().map(std::path::PathBuf::from).unwrap_or_else(|| {
                 std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join(format!("../shared/bench/{}.config.json", args.model))
+                    .join(format!("tests/fixtures/model-configs/{}.config.json", args.model))
             });
             Policy::scratch(ModelConfig::from_file(&config_path).unwrap(), 0, &options).unwrap()
         }

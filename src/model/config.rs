@@ -353,10 +353,10 @@ mod tests {
 
     #[test]
     fn parameter_count_matches_the_bench_anchor() {
-        // ANCHORS.md: bench-tiny has 4,196,864 parameters (tied embeddings counted once).
-        let path = crate::model::testing::shared_dir().join("bench/bench-tiny.config.json");
+        // The anchors' counts: bench-tiny has 4,196,864 parameters (tied embeddings counted once).
+        let path = crate::model::testing::fixture("model-configs/bench-tiny.config.json");
         assert_eq!(ModelConfig::from_file(&path).unwrap().parameter_count(), 4_196_864);
-        let path = crate::model::testing::shared_dir().join("bench/bench-small.config.json");
+        let path = crate::model::testing::fixture("model-configs/bench-small.config.json");
         assert_eq!(ModelConfig::from_file(&path).unwrap().parameter_count(), 134_236_160);
     }
 }

@@ -153,14 +153,8 @@ mod tests {
 pub(crate) mod testing {
     use std::path::PathBuf;
 
-    /// The steering repository's `shared/` folder (fixtures, bench configs), beside the
-    /// checkout as CI lays it out; `PETTING_SHARED` overrides.
-    pub(crate) fn shared_dir() -> PathBuf {
-        let dir = match std::env::var_os("PETTING_SHARED") {
-            Some(dir) => PathBuf::from(dir),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
-        };
-        assert!(dir.is_dir(), "the tests read fixtures from {}, which is missing: set PETTING_SHARED", dir.display());
-        dir
+    /// A file or folder of `tests/fixtures` (its README says what each is).
+    pub(crate) fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
     }
 }

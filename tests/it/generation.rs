@@ -6,11 +6,11 @@ use petting::model::{
     Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget, LoadOptions, Policy, Sampling,
 };
 
-use crate::model::shared_dir;
+use crate::support::fixture;
 use crate::support::run;
 
 fn llama() -> Policy {
-    let dir = shared_dir().join("fixtures/hf-tiny-llama");
+    let dir = fixture("hf-tiny-llama");
     Policy::load(&dir, &LoadOptions::default()).unwrap()
 }
 
@@ -118,7 +118,7 @@ fn a_gpu_asked_for_where_there_is_none_is_one_clear_line() {
     if tch::Cuda::is_available() {
         return;
     }
-    let dir = shared_dir().join("fixtures/hf-tiny-llama");
+    let dir = fixture("hf-tiny-llama");
     let (ok, stdout, stderr) = run(&[
         "model",
         "generate",

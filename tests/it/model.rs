@@ -1,4 +1,4 @@
-//! The model against Hugging Face `transformers` (the fixtures in `../shared/fixtures`),
+//! The model against Hugging Face `transformers` (the fixtures in `tests/fixtures`),
 //! checkpoints, LoRA, malformed folders, and the `petting model` commands.
 
 use std::path::{Path, PathBuf};
@@ -12,17 +12,8 @@ use tch::{Kind, Tensor};
 
 use crate::support::run;
 
-pub fn shared_dir() -> PathBuf {
-    let dir = match std::env::var_os("PETTING_SHARED") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"),
-    };
-    assert!(dir.is_dir(), "the tests read fixtures from {}, which is missing: set PETTING_SHARED", dir.display());
-    dir
-}
-
 fn fixture(family: &str) -> PathBuf {
-    shared_dir().join("fixtures").join(format!("hf-tiny-{family}"))
+    crate::support::fixture(&format!("hf-tiny-{family}"))
 }
 
 const FAMILIES: [&str; 3] = ["qwen3", "qwen2", "llama"];
@@ -194,7 +185,7 @@ fn qwen3_chat_template_matches_transformers() {
     let template = petting::model::ChatTemplate::from_dir(&dir).unwrap().expect("a chat template");
     let tokenizer = petting::model::Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(shared_dir().join("fixtures/qwen3-chat-template.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(crate::support::fixture("qwen3-chat-template.json")).unwrap())
             .unwrap();
     let cases = reference["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 3);

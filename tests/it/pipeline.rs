@@ -12,7 +12,7 @@ pub(crate) fn write_config(dir: &Path, name: &str, run_dir: &Path, seed: u64) ->
 
 /// `write_config` with any store URL (`s3://…`).
 pub(crate) fn write_config_for(dir: &Path, name: &str, store: &str, seed: u64) -> String {
-    let model = crate::model::shared_dir().join("fixtures/hf-tiny-qwen3");
+    let model = crate::support::fixture("hf-tiny-qwen3");
     let text = format!(
         r#"store: {store}
 seed: {seed}

@@ -19,7 +19,6 @@ use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
 use petting::workflows::Role;
 use tch::Kind;
 
-use crate::model::shared_dir;
 use crate::support::block_on;
 use crate::support::synthetic::Mix;
 
@@ -32,7 +31,7 @@ fn refusal(err: &stages::Error) -> &update::Error {
 }
 
 fn fixture() -> PathBuf {
-    shared_dir().join("fixtures/hf-tiny-qwen3")
+    crate::support::fixture("hf-tiny-qwen3")
 }
 
 /// Two policies on the tiny Qwen3: `tool_p` fine-tunes all weights, `plan_p` a LoRA adapter.

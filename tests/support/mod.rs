@@ -31,6 +31,12 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A Hugging Face fixture made by `transformers` (`tests/fixtures/README.md`): the tiny
+/// `hf-tiny-{family}` checkpoints, or any other file there.
+pub fn fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures").join(name)
+}
+
 /// The S3-compatible test server that scripts/test.sh starts, if any: (endpoint, bucket).
 /// With PETTING_REQUIRE_S3 set (scripts/test.sh sets it), a missing server fails the test.
 pub fn s3_server() -> Option<(String, String)> {
