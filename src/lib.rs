@@ -8,7 +8,6 @@ pub mod allocator;
 pub mod config;
 pub mod engine;
 pub mod envs;
-pub mod inputs;
 pub mod inspect;
 pub mod model;
 pub mod pipeline;

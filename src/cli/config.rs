@@ -14,7 +14,8 @@ fn load(args: &ConfigArgs) -> anyhow::Result<LoadedConfig> {
 pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
     let loaded = load(args)?;
     let file = &args.config;
-    let inputs = petting::inputs::check(&loaded.resolved()).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let inputs =
+        petting::pipeline::inputs::check(&loaded.resolved()).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let c = &loaded.config;
     let agents: Vec<String> = c.agents.iter().map(|(role, a)| format!("{role} -> {}", a.policy)).collect();
     println!(

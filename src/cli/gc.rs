@@ -1,4 +1,5 @@
-use petting::policies::{Retention, doomed_files};
+use petting::config::Retention;
+use petting::policies::doomed_files;
 use petting::store::RunStore;
 
 use super::args::{GcArgs, PruneArgs};

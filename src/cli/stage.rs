@@ -1,14 +1,13 @@
 use anyhow::Context;
 use petting::pipeline::{INITIAL_UPDATE, run_stage};
-use petting::policies::Resident;
-use petting::stages::{self, prepare_data};
+use petting::stages::{Session, prepare_data};
 use petting::store::{RunStore, StageId};
 
 use super::args::{StageArgs, StageName};
 
 pub async fn run(args: StageArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
-    let config = stages::run_config(&store).await?;
+    let config = petting::config::of_run(&store).await?;
     let at = |stage| -> anyhow::Result<StageId> {
         let k = args.iteration.context("this stage runs per iteration: give --iteration K")?;
         Ok(StageId { shard: args.shard, ..StageId::at(stage, k) })
@@ -29,8 +28,8 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
             );
             prepared.marker
         }
-        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress, &Resident::default()).await?,
-        per_iteration => run_stage(&store, &config, at(per_iteration.stage())?, progress, &Resident::default()).await?,
+        StageName::Init => run_stage(&store, &config, INITIAL_UPDATE, progress, &Session::default()).await?,
+        per_iteration => run_stage(&store, &config, at(per_iteration.stage())?, progress, &Session::default()).await?,
     };
     println!(
         "committed {}: {} rows in {} files, {:.2} s",

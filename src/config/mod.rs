@@ -1,7 +1,12 @@
-//! The `iteration.yaml` schema: the run file assembled from the sections each module
-//! owns (`env` from `envs`, `workflow` from `workflows`, `policies` from `policies`,
-//! `rollout` and `evaluation` from their stages, `algorithm` from `algo`, …), loaded,
-//! overridden with `--set`, and validated once, here.
+//! The `iteration.yaml` schema: the run file, loaded, overridden with `--set`, and
+//! validated once, here.
+//!
+//! A section's type lives with the module it configures when that module reads nothing
+//! else of the run file (`env` in `envs`, `workflow` in `workflows`, `algorithm` in
+//! `algo`, model settings in `model`); the sections of the modules that are handed the
+//! whole run config (the stages, `policies`, the sampling `engine`) live here, one file
+//! each, so that `config` imports none of them. A value one section takes from another
+//! is resolved here, in validation, and read by the stage from its own section.
 //!
 //! Unknown keys and wrong types are errors naming the file, the key path and what is
 //! allowed; each section checks its own values and [`RunConfig::validate`] the rules
@@ -18,13 +23,22 @@ use sha2::{Digest, Sha256};
 use crate::algo::AlgorithmConfig;
 use crate::envs::EnvConfig;
 use crate::envs::dataset::DataConfig;
-use crate::policies::{ModelInit, PolicyConfig};
-use crate::stages::evaluate::{EvalMode, EvaluationConfig};
-use crate::stages::rollout::RolloutConfig;
-use crate::stages::update::UpdateConfig;
-use crate::stages::update::warm_start::WarmStartConfig;
 use crate::validate::{Invalid, check};
 use crate::workflows::{ALONE_OVER_TURNS, Role, WorkflowConfig, WorkflowKind};
+
+mod engine;
+mod evaluation;
+mod policies;
+mod rollout;
+mod update;
+mod warm_start;
+
+pub use engine::{EngineKind, VllmConfig};
+pub use evaluation::{EvalMode, EvaluationConfig};
+pub use policies::{ModelInit, PolicyConfig, Retention};
+pub use rollout::{OverlongPrompt, RolloutConfig, RolloutMode, Selection};
+pub use update::{Checkpointing, UpdateConfig};
+pub use warm_start::WarmStartConfig;
 
 /// A problem with a config file.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +52,12 @@ pub enum Error {
 
     #[error("{file}: {key}: {message}")]
     Invalid { file: PathBuf, key: String, message: String },
+
+    #[error("{url} has no run.yaml; create the run with `petting pipeline run iteration.yaml`")]
+    NoRun { url: String },
+
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
 }
 
 fn key_prefix(key: &Option<String>) -> String {
@@ -83,7 +103,7 @@ pub struct RunConfig {
     pub evaluation: EvaluationConfig,
     /// The vLLM server that stages with `engine: vllm` sample through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vllm: Option<crate::engine::VllmConfig>,
+    pub vllm: Option<VllmConfig>,
     /// Supervised warm start on solver demonstrations, building v0 of policies whose
     /// model is initialised from scratch (the embedded default).
     #[serde(default)]
@@ -96,7 +116,7 @@ pub struct RunConfig {
     /// Which checkpoint files the run keeps: after every update, older versions'
     /// optimiser states (and, if asked, weights) are pruned. Absent: everything is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retention: Option<crate::policies::Retention>,
+    pub retention: Option<Retention>,
 }
 
 /// A stored run and one of its iterations.
@@ -316,6 +336,12 @@ fn set_key(tree: &mut serde_json::Value, key: &str, value: serde_json::Value) ->
 }
 
 /// Parses and validates config text; `file` only names it in errors.
+/// The frozen config of the run at `store` (its run.yaml), as every stage reads it.
+pub async fn of_run(store: &crate::store::RunStore) -> Result<RunConfig, Error> {
+    let text = store.run_config().await?.ok_or_else(|| Error::NoRun { url: store.url().to_string() })?;
+    parse(&text, &Path::new(store.url()).join(crate::store::layout::RUN_CONFIG))
+}
+
 pub fn parse(text: &str, file: &Path) -> Result<RunConfig, Error> {
     let config = parse_unchecked(text, file)?;
     config.validate().map_err(|Invalid { key, message }| Error::Invalid { file: file.to_path_buf(), key, message })?;
@@ -443,7 +469,6 @@ impl RunConfig {
     /// A training rollout whose groups and logprobs the update can use.
     fn validate_training_rollout(&self) -> Result<(), Invalid> {
         use crate::algo::Grouping;
-        use crate::play::RolloutMode;
         let sampling = &self.rollout.sampling;
         check(
             sampling.top_p >= 1.0 && sampling.top_k == 0,
@@ -471,7 +496,6 @@ impl RunConfig {
 
     /// A vLLM engine needs its server, and one server serves one base model.
     fn validate_engine(&self) -> Result<(), Invalid> {
-        use crate::engine::EngineKind;
         let uses_vllm = [("rollout.engine", self.rollout.engine), ("evaluation.engine", self.evaluation.engine)]
             .into_iter()
             .find(|(_, engine)| *engine == EngineKind::Vllm);

@@ -190,7 +190,6 @@ fn the_hash_ignores_formatting_but_not_settings() {
 
 #[test]
 fn gradient_checkpointing_is_true_false_or_auto() {
-    use crate::stages::update::Checkpointing;
     assert_eq!(parse_str(MINIMAL).unwrap().update.gradient_checkpointing, Checkpointing::Auto);
     for (written, expected) in
         [("true", Checkpointing::On), ("false", Checkpointing::Off), ("auto", Checkpointing::Auto)]

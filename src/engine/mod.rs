@@ -1,15 +1,20 @@
-//! Which engine samples a stage's prompts: petting's own tch sampler, or a vLLM server
-//! reached over its OpenAI-compatible HTTP API.
+//! Sampling: who answers a stage's prompts. A [`Responder`] answers a batch of prompts
+//! with one policy; `play` drives episodes through one, and knows nothing of what is
+//! behind it.
 //!
 //! ```text
 //!  rollout.engine / evaluation.engine: tch | vllm
-//!  vllm: {url, command?}             a server the user runs, or one petting starts (server.rs)
-//!     │
-//!     ├─ sync.rs     before a stage samples: the server holds exactly version k of every
-//!     │              policy (adapter `<policy>-v<k>-<digest>` loaded, or full weights
-//!     │              reloaded and fingerprinted: fingerprint.rs), checked by a logprob
-//!     │              probe against the committed weights
-//!     └─ client.rs   token ids in, token ids and logprobs out; a seed per request
+//!  stage.rs        StageEngine::prepare: the engine a rollout or evaluation samples with,
+//!                  brought to the stage's policy versions; .responder() answers prompts
+//!  responder.rs    ModelResponder: petting's own sampler (crate::model) on the loaded
+//!                  policies; VllmResponder: the same prompts through the vLLM server
+//!  vllm: {url, command?}   a server the user runs, or one petting starts (server.rs; the
+//!                  process keeps it in a ServerSlot, so its stages share one)
+//!     ├─ sync.rs   before a stage samples: the server holds exactly version k of every
+//!     │            policy (adapter `<policy>-v<k>-<digest>` loaded, or full weights
+//!     │            reloaded and fingerprinted: fingerprint.rs), checked by a logprob
+//!     │            probe against the committed weights
+//!     └─ client.rs token ids in, token ids and logprobs out; a seed per request
 //! ```
 //!
 //! The server samples; petting still renders every prompt with its own chat template and
@@ -18,105 +23,68 @@
 
 pub mod client;
 pub mod fingerprint;
+mod responder;
 pub mod server;
+mod stage;
 pub mod sync;
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
-use crate::validate::{Invalid, check};
+use crate::config::EngineKind;
 
 pub use client::VllmClient;
+pub use responder::{ModelResponder, VllmResponder};
 pub use server::{ManagedServer, ServerSlot};
+pub use stage::StageEngine;
 pub use sync::Served;
 
-/// `rollout.engine` and `evaluation.engine`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EngineKind {
-    /// petting's own sampler on the policy's device.
-    #[default]
-    Tch,
-    /// The vLLM server of the `vllm:` section.
-    Vllm,
+/// One prompt to answer, with the seed of its own random stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    pub text: String,
+    pub seed: u64,
 }
 
-impl EngineKind {
-    /// As the `turns.engine` column names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::Tch => "tch",
-            EngineKind::Vllm => "vllm",
-        }
+/// A sampled reply and what produced it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// The prompt as the model saw it (chat template applied) and its tokens.
+    pub prompt_text: String,
+    pub prompt_tokens: Vec<i32>,
+    pub text: String,
+    pub tokens: Vec<i32>,
+    pub logprobs: Vec<f32>,
+    pub finish_reason: String,
+    /// Wall time of the batch the reply was sampled in.
+    pub seconds: f64,
+    /// What sampled it, and the name the engine knows the weights by (the policy for
+    /// tch, the served model or adapter for vLLM).
+    pub engine: EngineKind,
+    pub engine_model: String,
+}
+
+/// Answers a batch of prompts with one policy.
+pub trait Responder {
+    fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error>;
+
+    /// Whether `policy` can be sent `text`: false when the prompt, as the model would
+    /// see it, is longer than the limit (answering it would be an error).
+    fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {
+        Ok(true)
     }
 }
 
-/// `vllm:` in a run's config: the server that stages with `engine: vllm` sample through.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VllmConfig {
-    /// Where the server answers, e.g. http://127.0.0.1:8000.
-    pub url: String,
-    /// Start the server with this command (program and arguments) for the run, and stop
-    /// it at the end; unset: the server at `url` is already running.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Extra environment of the started server.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// How long a started server may take to answer /health.
-    #[serde(default = "default_startup_timeout")]
-    pub startup_timeout_seconds: u64,
-    /// How long one request may take before the stage fails.
-    #[serde(default = "default_request_timeout")]
-    pub request_timeout_seconds: u64,
-    /// Requests in flight at once; the server batches them.
-    #[serde(default = "default_concurrency")]
-    pub max_concurrent_requests: usize,
-    /// Load each version's weights into the server (adapters by name; full weights by
-    /// reload, which needs VLLM_SERVER_DEV_MODE=1). false: the server must already hold
-    /// them, and the probe still checks that it does.
-    #[serde(default = "default_true")]
-    pub load_weights: bool,
-}
-
-fn default_startup_timeout() -> u64 {
-    600
-}
-fn default_request_timeout() -> u64 {
-    600
-}
-fn default_concurrency() -> usize {
-    256
-}
-fn default_true() -> bool {
-    true
-}
-
-impl VllmConfig {
-    pub fn validate(&self) -> Result<(), Invalid> {
-        let url = url::Url::parse(&self.url);
-        check(
-            url.as_ref().is_ok_and(|u| matches!(u.scheme(), "http" | "https")),
-            "vllm.url",
-            format!("{:?} is not an http(s) URL such as http://127.0.0.1:8000", self.url),
-        )?;
-        check(
-            self.command.first().is_none_or(|p| !p.trim().is_empty()),
-            "vllm.command",
-            "names no program; give the server's command line as a list, e.g. [python, -m, vllm.entrypoints.openai.api_server, --model, …]",
-        )?;
-        check(self.startup_timeout_seconds >= 1, "vllm.startup_timeout_seconds", "must be at least 1")?;
-        check(self.request_timeout_seconds >= 1, "vllm.request_timeout_seconds", "must be at least 1")?;
-        check(self.max_concurrent_requests >= 1, "vllm.max_concurrent_requests", "must be at least 1")
-    }
-}
-
-/// Why sampling through vLLM failed.
+/// Why sampling failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    #[error(transparent)]
+    Model(#[from] crate::model::Error),
+
+    #[error(transparent)]
+    Policy(#[from] crate::policies::Error),
+
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+
     #[error(
         "the vLLM server at {url} did not answer {during}: {reason}{log}; rerun the stage once the server is \
          back (nothing of this stage was committed)"

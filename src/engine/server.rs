@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Error, LogHint, VllmClient, VllmConfig};
+use super::{Error, LogHint, VllmClient};
+use crate::config::VllmConfig;
 
 /// A started server process.
 #[derive(Debug)]

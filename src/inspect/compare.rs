@@ -239,7 +239,7 @@ pub fn csv(table: &Table) -> String {
 
 /// Reads a run's config, evaluations and rewards.
 pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
-    let config = crate::stages::run_config(store).await?;
+    let config = crate::config::of_run(store).await?;
     let sql = RunSql::open(store).await?;
     let has = |table: &str| sql.context().table_exist(table).unwrap_or(false);
     let success = if has("evals") {

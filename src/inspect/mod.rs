@@ -38,7 +38,7 @@ pub enum Error {
     Chart(#[from] chart::ChartError),
 
     #[error(transparent)]
-    Stage(#[from] crate::stages::Error),
+    Config(#[from] crate::config::Error),
 
     #[error("cannot format a query result for the report: {0}")]
     Report(String),

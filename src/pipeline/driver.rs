@@ -14,12 +14,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::inputs;
 use crate::config::{self, ForkConfig, RunConfig};
-use crate::inputs;
 use crate::inspect::summary;
-use crate::policies::{self, Resident};
+use crate::policies;
 use crate::progress::Progress;
-use crate::stages::{self, replay, update};
+use crate::stages::{self, Session, replay, update};
 use crate::store::layout::RUN_CONFIG;
 use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
 
@@ -157,7 +157,7 @@ pub async fn run(
         events(Event::Resuming { committed: total - pending.len(), total });
     }
     let started = Instant::now();
-    let resident = Resident::default();
+    let session = Session::default();
     for &id in pending {
         if options.until.as_deref() == Some(&stop_name(id)) {
             events(Event::StoppedBefore(id));
@@ -168,7 +168,7 @@ pub async fn run(
             && store.marker(&part).await?.is_none()
         {
             let stage_started = Instant::now();
-            let marker = super::run_stage(store, config, part, progress, &resident)
+            let marker = super::run_stage(store, config, part, progress, &session)
                 .await
                 .map_err(|source| Error::StageFailed { stage: part, source: Box::new(source) })?;
             crate::allocator::return_freed_memory();

@@ -19,13 +19,13 @@
 //! thing they share.
 
 pub mod driver;
+pub mod inputs;
 
 use std::time::Duration;
 
 use crate::config::RunConfig;
-use crate::policies::Resident;
 use crate::progress::Progress;
-use crate::stages::{self, Error, advantage, evaluate, group, prepare_data, replay, rollout, update};
+use crate::stages::{self, Error, Session, advantage, evaluate, group, prepare_data, replay, rollout, update};
 use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
 
 /// The run-level update that commits version 0 of every policy.
@@ -71,26 +71,26 @@ fn evaluates(config: &RunConfig, k: u32) -> bool {
     (k == first && config.evaluation.at_start) || (k > first && every > 0 && k.is_multiple_of(every))
 }
 
-/// Runs one stage, reporting how far its long phases are to `progress`; policies stay in
-/// `resident` between the stages of one process.
+/// Runs one stage, reporting how far its long phases are to `progress`; policies and the
+/// vLLM server stay in `session` between the stages of one process.
 pub async fn run_stage(
     store: &RunStore,
     config: &RunConfig,
     id: StageId,
     progress: &dyn Progress,
-    resident: &Resident,
+    session: &Session,
 ) -> Result<CommitMarker, Error> {
     match (id.stage, id.iteration) {
         (Stage::PrepareData, _) => Ok(prepare_data::run(store, config).await?.marker),
         (Stage::Update, None) => update::initialise(store, config, progress).await,
         (Stage::Rollout, Some(k)) => match replay::replays(config, k) {
             Some(fork) => replay::run(store, config, fork, id.shard).await,
-            None => rollout::run(store, config, k, id.shard, progress, resident).await,
+            None => rollout::run(store, config, k, id.shard, progress, session).await,
         },
         (Stage::Group, Some(k)) => group::run(store, config, k).await,
         (Stage::Advantage, Some(k)) => advantage::run(store, config, k).await,
-        (Stage::Update, Some(k)) => update::run(store, config, k, progress, resident).await,
-        (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, id.shard, progress, resident).await,
+        (Stage::Update, Some(k)) => update::run(store, config, k, progress, session).await,
+        (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, id.shard, progress, session).await,
         (stage, None) => unreachable!("{stage} runs per iteration"),
     }
 }

@@ -1,4 +1,4 @@
-//! Playing episodes in batches: the engine under `rollout` and `evaluate`.
+//! Playing episodes in batches: the episode logic under `rollout` and `evaluate`.
 //!
 //! ```text
 //!  per step: every unfinished episode's next prompt ──► Responder (one batch per policy)
@@ -9,73 +9,23 @@
 //!  independent: K episodes per task, each continued by its own single reply
 //! ```
 //!
-//! The engine is synchronous and knows nothing of stores: a [`Responder`] answers prompts
-//! (a model, or fixed replies in tests) and [`Candidate`]s come back in a fixed order, so
-//! the rows are the same however the work is spread over threads. Rollout and evaluate
-//! both play through it; [`responder::ModelResponder`] is the model behind it.
-
-pub mod responder;
+//! Playing is synchronous and knows nothing of stores: a [`Responder`] answers prompts
+//! (a sampling engine, `crate::engine`, or fixed replies in tests) and [`Candidate`]s come
+//! back in a fixed order, so the rows are the same however the work is spread over
+//! threads. Rollout and evaluate both play through it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+use crate::config::{OverlongPrompt, RolloutMode, Selection};
+use crate::engine::{Prompt, Reply, Responder};
 use crate::envs::{AnyEnv, EnvConfig};
 use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
 use crate::tables::TaskRow;
 use crate::workflows::{Episode, Role, TurnOutcome, WorkflowKind, run_program};
-
-/// One prompt to answer, with the seed of its own random stream.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Prompt {
-    pub text: String,
-    pub seed: u64,
-}
-
-/// A sampled reply and what produced it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reply {
-    /// The prompt as the model saw it (chat template applied) and its tokens.
-    pub prompt_text: String,
-    pub prompt_tokens: Vec<i32>,
-    pub text: String,
-    pub tokens: Vec<i32>,
-    pub logprobs: Vec<f32>,
-    pub finish_reason: String,
-    /// Wall time of the batch the reply was sampled in.
-    pub seconds: f64,
-    /// What sampled it, and the name the engine knows the weights by (the policy for
-    /// tch, the served model or adapter for vLLM).
-    pub engine: crate::engine::EngineKind,
-    pub engine_model: String,
-}
-
-/// Answers a batch of prompts with one policy.
-pub trait Responder {
-    fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error>;
-
-    /// Whether `policy` can be sent `text`: false when the prompt, as the model would
-    /// see it, is longer than the limit (answering it would be an error).
-    fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {
-        Ok(true)
-    }
-}
-
-/// What a prompt longer than the limit does (`rollout.overlong_prompt`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum OverlongPrompt {
-    /// The stage fails, naming the limit.
-    #[default]
-    Error,
-    /// The task is left out: none of its rows are written, and the stage's commit
-    /// marker lists it (`commits.skipped_tasks`).
-    Skip,
-}
 
 /// One episode to play: a task's environment, and the key its random streams use.
 #[derive(Debug, Clone)]
@@ -90,24 +40,6 @@ pub fn games(env: &EnvConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, crate::env
         .iter()
         .map(|t| Ok(Game { task_id: t.task_id.clone(), env: AnyEnv::from_instance(env, &t.instance)? }))
         .collect()
-}
-
-/// How candidates are sampled (`rollout.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RolloutMode {
-    Tree,
-    Independent,
-}
-
-/// Which of a tree node's candidates continues the trajectory (`rollout.select`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Selection {
-    /// Highest mixed reward; ties go to the lowest branch.
-    BestReward,
-    /// Always branch 0 (a random pick, since branches are exchangeable).
-    First,
 }
 
 /// How many candidates each step samples, and which continues.
@@ -200,8 +132,6 @@ pub struct Finished {
 pub enum Error {
     #[error(transparent)]
     Workflow(#[from] crate::workflows::Error),
-    #[error(transparent)]
-    Model(#[from] crate::model::Error),
     #[error(transparent)]
     Engine(#[from] crate::engine::Error),
     #[error("no policy is mapped to the {role} agent (agents: in the config)")]
@@ -531,7 +461,7 @@ mod tests {
     struct Scripted;
 
     impl Responder for Scripted {
-        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::engine::Error> {
             let tool =
                 ["```python\nprint(greedy(grid, S, G))\n```", "```python\nprint(bfs(grid, S, G))\n```", "no idea"];
             Ok(prompts
@@ -552,7 +482,7 @@ mod tests {
                         text,
                         finish_reason: "eos".into(),
                         seconds: 0.0,
-                        engine: crate::engine::EngineKind::Tch,
+                        engine: crate::config::EngineKind::Tch,
                         engine_model: "scripted".into(),
                     }
                 })
@@ -567,11 +497,11 @@ mod tests {
     }
 
     impl Responder for WithALongPrompt {
-        fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+        fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::engine::Error> {
             Scripted.respond(policy, prompts)
         }
 
-        fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {
+        fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, crate::engine::Error> {
             self.checked += 1;
             Ok(self.checked != self.too_long)
         }
@@ -699,7 +629,7 @@ mod tests {
     struct FirstEmptyCell;
 
     impl Responder for FirstEmptyCell {
-        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+        fn respond(&mut self, _policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::engine::Error> {
             let mut replies = Scripted.respond("", prompts)?;
             for (reply, prompt) in replies.iter_mut().zip(prompts) {
                 let listed = prompt.text.lines().rev().find_map(|l| l.strip_prefix("Empty cells: ")).unwrap();

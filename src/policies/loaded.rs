@@ -192,13 +192,9 @@ pub async fn load(store: &RunStore, config: &RunConfig, name: &str, version: u32
 /// Policies kept in memory between the stages of one process (`petting pipeline run`),
 /// so that each version is loaded once. A stage takes them and gives them back when done;
 /// a stage that fails gives nothing back, and the next one loads from the store.
-///
-/// It also holds the vLLM server the process started for the run, if any, so that the
-/// stages of one `pipeline run` share one server.
 #[derive(Debug, Default)]
 pub struct Resident {
     policies: Mutex<Option<LoadedPolicies>>,
-    server: crate::engine::ServerSlot,
 }
 
 impl Resident {
@@ -216,10 +212,5 @@ impl Resident {
 
     pub fn give_back(&self, loaded: LoadedPolicies) {
         *self.policies.lock().expect("resident policies") = Some(loaded);
-    }
-
-    /// The run's vLLM server, started by the first stage that needs it.
-    pub fn server(&self) -> &crate::engine::ServerSlot {
-        &self.server
     }
 }

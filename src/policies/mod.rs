@@ -30,83 +30,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use crate::config::RunConfig;
-use crate::model::{
-    self, AdamWState, CheckpointMeta, DType, Device, LoadOptions, LoraConfig, META_FILE, OPTIMIZER_FILE,
-    OptimizerConfig, Policy, SaveAs,
-};
+use crate::model::{self, AdamWState, CheckpointMeta, META_FILE, OPTIMIZER_FILE, Policy, SaveAs};
 use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
-use crate::validate::{Invalid, check};
 
 use files::materialise_file;
 use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
 pub(crate) use files::{cache_root, local_dir, materialise};
 pub use loaded::{LoadedPolicies, Member, Resident, load, load_all};
-pub use retention::{Retention, doomed_files};
-
-/// One entry of `policies:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// Hugging Face folder of the base model (config.json, tokenizer.json, *.safetensors),
-    /// relative to this config file.
-    pub model: PathBuf,
-    /// pretrained: load the folder's weights and tokenizer; scratch: initialise from its
-    /// config.json with the run seed and build the tokenizer from the task corpus.
-    #[serde(default)]
-    pub init: ModelInit,
-    /// Where the policy samples and trains: cpu, cuda or cuda:N.
-    #[serde(default)]
-    pub device: Device,
-    /// Weight dtype; bf16 on CUDA and f32 on CPU when absent.
-    #[serde(default)]
-    pub dtype: Option<DType>,
-    /// Train a LoRA adapter on a frozen base instead of all weights.
-    #[serde(default)]
-    pub lora: Option<LoraConfig>,
-    /// AdamW settings.
-    #[serde(default)]
-    pub optimizer: OptimizerConfig,
-}
-
-/// Where a policy's v0 weights come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelInit {
-    #[default]
-    Pretrained,
-    Scratch,
-}
-
-impl PolicyConfig {
-    /// The checks of one policy's own keys (`key` is `policies.<name>`).
-    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
-        check(
-            !self.model.as_os_str().is_empty(),
-            format!("{key}.model"),
-            "is empty; give a Hugging Face model folder",
-        )?;
-        if let Some(lora) = &self.lora {
-            lora.validate(&format!("{key}.lora"))?;
-        }
-        self.optimizer.validate(&format!("{key}.optimizer"))?;
-        // f16's smallest normal is 6e-5: without a loss scaler, which petting does not
-        // have, small gradients flush to zero and the policy silently stops learning.
-        check(
-            self.dtype != Some(DType::F16),
-            format!("{key}.dtype"),
-            "f16 training needs dynamic loss scaling, which petting does not do; use bf16 (the same memory, \
-             float32's range) or f32",
-        )
-    }
-
-    /// The device and dtype the policy is loaded with.
-    pub fn load_options(&self) -> LoadOptions {
-        LoadOptions { device: self.device, dtype: self.dtype }
-    }
-}
+pub use retention::doomed_files;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -4,60 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
+use crate::config::Retention;
 use crate::model::{META_FILE, OPTIMIZER_FILE};
 use crate::store::{FileEntry, StoredMarker};
-use crate::validate::{Invalid, check};
-
-/// Which checkpoints of each policy keep which files. Version 0 (the starting weights,
-/// which forks start from) and LoRA base folders are always kept whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Retention {
-    /// The newest versions of each policy kept whole, weights and optimiser state. At
-    /// least 1: the next update continues from the newest version's optimiser state.
-    #[serde(default = "one")]
-    pub keep_last: u32,
-    /// Also prune the weights of older versions (then only their meta.json remains), not
-    /// only their optimiser state. Their rows stay; a fork from them is refused.
-    #[serde(default)]
-    pub weights: bool,
-    /// With `weights`: still keep the weights of every version divisible by this.
-    #[serde(default)]
-    pub keep_every: Option<u32>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-impl Retention {
-    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
-        check(
-            self.keep_last >= 1,
-            format!("{key}.keep_last"),
-            "must be at least 1: the next update needs the newest version's optimiser state",
-        )?;
-        check(self.keep_every != Some(0), format!("{key}.keep_every"), "must be at least 1")?;
-        check(
-            self.keep_every.is_none() || self.weights,
-            format!("{key}.keep_every"),
-            "only applies with weights: true (optimiser states of older versions are all pruned)",
-        )
-    }
-}
-
-impl std::fmt::Display for Retention {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "keep the newest {} version(s) of each policy whole", self.keep_last)?;
-        match (self.weights, self.keep_every) {
-            (false, _) => write!(f, "; older versions keep their weights, not their optimiser state"),
-            (true, None) => write!(f, "; older versions keep only meta.json (version 0 whole)"),
-            (true, Some(n)) => write!(f, "; older versions keep weights every {n} versions (version 0 whole)"),
-        }
-    }
-}
 
 /// The committed checkpoint files `retention` does not keep. Pure: the store is not read.
 pub fn doomed_files(markers: &[StoredMarker], retention: &Retention) -> Vec<FileEntry> {

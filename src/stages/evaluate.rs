@@ -21,109 +21,21 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::RunConfig;
-use crate::engine::EngineKind;
+use crate::config::{EvalMode, RunConfig};
+use crate::engine::StageEngine;
 use crate::envs::EnvConfig;
 use crate::envs::tic_tac_toe::Opponent;
-use crate::model::SamplingConfig;
 use crate::play::{self, Branching, Played, Setup};
-use crate::policies::{LoadedPolicies, Resident};
+use crate::policies::LoadedPolicies;
 use crate::progress::{Progress, phase};
 use crate::rng::Key;
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::EvalRow;
 use crate::tasks;
-use crate::validate::{Invalid, check};
 use crate::workflows::{Role, WorkflowKind};
 
-use super::Error;
-use super::engine::StageEngine;
-
-/// `evaluation:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EvaluationConfig {
-    /// Evaluate after every N-th iteration (and after the last); 0 evaluates only after the last.
-    pub every: u32,
-    /// Also evaluate the starting policies (v0) before training.
-    pub at_start: bool,
-    /// Test tasks played per evaluation (at most data.test_tasks).
-    pub tasks: u32,
-    /// Episodes per task.
-    pub samples: u32,
-    /// Which set-ups are evaluated.
-    pub modes: Vec<EvalMode>,
-    /// Sampling settings; greedy by default.
-    pub sampling: SamplingConfig,
-    /// Memory for the sampler's key/value caches, GiB, as `rollout.kv_cache_gib`.
-    pub kv_cache_gib: Option<f64>,
-    /// Who samples, as `rollout.engine`.
-    pub engine: EngineKind,
-}
-
-impl Default for EvaluationConfig {
-    fn default() -> Self {
-        EvaluationConfig {
-            every: 10,
-            at_start: true,
-            tasks: 200,
-            samples: 1,
-            modes: vec![EvalMode::MultiAgent],
-            sampling: SamplingConfig::greedy(),
-            kv_cache_gib: None,
-            engine: EngineKind::Tch,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EvalMode {
-    /// The environment's single-agent workflow, played by the first agent's policy.
-    SingleAgent,
-    /// The configured workflow, its agents working together.
-    MultiAgent,
-    /// The configured workflow with the two roles' policies exchanged.
-    Swapped,
-    /// The configured workflow with each agent acting alone, as `workflow.alone` trains
-    /// them (tool_planner only): success is the planner's own.
-    Alone,
-    /// The same episodes, but success is the tool agent's own: its latest printed answer,
-    /// simulated on the state it saw, solves the task (tool_planner only).
-    ToolAlone,
-}
-
-impl EvaluationConfig {
-    /// The section's own checks; the modes' fit to the workflow is checked by the run config.
-    pub fn validate(&self, test_tasks: u32) -> Result<(), Invalid> {
-        check(self.tasks >= 1, "evaluation.tasks", "must be at least 1")?;
-        check(
-            self.tasks <= test_tasks,
-            "evaluation.tasks",
-            format!("{} is more than data.test_tasks ({test_tasks})", self.tasks),
-        )?;
-        check(self.samples >= 1, "evaluation.samples", "must be at least 1")?;
-        check(!self.modes.is_empty(), "evaluation.modes", "must name at least one mode")?;
-        super::rollout::check_kv_cache_gib(self.kv_cache_gib, "evaluation.kv_cache_gib")?;
-        self.sampling.validate("evaluation.sampling")
-    }
-}
-
-impl EvalMode {
-    /// The mode as the `evals.mode` column names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            EvalMode::SingleAgent => "single_agent",
-            EvalMode::MultiAgent => "multi_agent",
-            EvalMode::Swapped => "swapped",
-            EvalMode::Alone => "alone",
-            EvalMode::ToolAlone => "tool_alone",
-        }
-    }
-}
+use super::{Error, Session};
 
 pub async fn run(
     store: &RunStore,
@@ -131,7 +43,7 @@ pub async fn run(
     iteration: u32,
     shard: Option<Shard>,
     progress: &dyn Progress,
-    resident: &Resident,
+    session: &Session,
 ) -> Result<CommitMarker, Error> {
     let stage = StageId { shard, ..StageId::at(Stage::Evaluate, iteration) };
     super::refuse_if_committed(store, stage).await?;
@@ -141,11 +53,12 @@ pub async fn run(
     let test: Vec<_> =
         test.into_iter().enumerate().filter(|(i, _)| shard.is_none_or(|s| s.holds(*i))).map(|(_, t)| t).collect();
     let games = play::games(&config.env, &test)?;
-    let mut loaded = resident.take(store, config, iteration).await?;
+    let mut loaded = session.policies.take(store, config, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let evaluation = &config.evaluation;
     let engine =
-        StageEngine::prepare(evaluation.engine, evaluation.kv_cache_gib, store, config, &mut loaded, resident).await?;
+        StageEngine::prepare(evaluation.engine, evaluation.kv_cache_gib, store, config, &mut loaded, &session.server)
+            .await?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     let mut skipped_tasks: Vec<String> = Vec::new();
@@ -158,8 +71,8 @@ pub async fn run(
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
                     let max_prompt = config.rollout.max_prompt_tokens as usize;
-                    let sampling = &config.evaluation.sampling;
-                    engine.play(&mut loaded, sampling, max_prompt, &games, &setup, &sandbox, progress)
+                    let mut responder = engine.responder(&mut loaded, &evaluation.sampling, max_prompt);
+                    play::play(&games, &setup, responder.as_mut(), &sandbox, progress)
                 })
             })
             .map_err(|e| {
@@ -198,7 +111,7 @@ pub async fn run(
         ..super::run_info(config)
     };
     let marker = super::commit_rows(writer, &rows, info).await?;
-    resident.give_back(loaded);
+    session.policies.give_back(loaded);
     Ok(marker)
 }
 

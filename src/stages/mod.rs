@@ -5,7 +5,6 @@
 //! the task batches).
 
 pub mod advantage;
-mod engine;
 pub mod evaluate;
 pub mod group;
 pub mod prepare_data;
@@ -13,15 +12,23 @@ pub mod replay;
 pub mod rollout;
 pub mod update;
 
-use std::path::Path;
-
 use arrow::record_batch::RecordBatch;
 
 use crate::config::{self, RunConfig};
+use crate::engine::ServerSlot;
+use crate::policies::Resident;
 use crate::schema::Table;
 use crate::sql::RunSql;
 use crate::store::{self, CommitInfo, Partition, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::TurnRow;
+
+/// What the stages of one process share: the policies kept in memory between them (each
+/// version is loaded once) and the vLLM server the process started for the run, if any.
+#[derive(Debug, Default)]
+pub struct Session {
+    pub policies: Resident,
+    pub server: ServerSlot,
+}
 
 /// Why a stage could not run.
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +42,6 @@ pub enum Error {
 
     #[error(transparent)]
     Config(#[from] config::Error),
-
-    #[error("{url} has no run.yaml; create the run with `petting pipeline run iteration.yaml`")]
-    NoConfig { url: String },
 
     #[error("{stage} needs {needs} of iteration {iteration} committed first")]
     NotReady { stage: StageId, needs: Stage, iteration: u32 },
@@ -99,7 +103,9 @@ impl Error {
     /// config knob that helps.
     pub(crate) fn out_of_memory_in(self, stage: StageId, policy: Option<&str>, knob: &str) -> Error {
         let oom = match &self {
-            Error::Model(e) | Error::Play(crate::play::Error::Model(e)) => e,
+            Error::Model(e)
+            | Error::Engine(crate::engine::Error::Model(e))
+            | Error::Play(crate::play::Error::Engine(crate::engine::Error::Model(e))) => e,
             Error::Policy(crate::policies::Error::Model(e)) => e,
             _ => return self,
         };
@@ -113,12 +119,6 @@ impl Error {
             _ => self,
         }
     }
-}
-
-/// The run's frozen config.
-pub async fn run_config(store: &RunStore) -> Result<RunConfig, Error> {
-    let text = store.run_config().await?.ok_or_else(|| Error::NoConfig { url: store.url().to_string() })?;
-    Ok(config::parse(&text, &Path::new(store.url()).join(store::layout::RUN_CONFIG))?)
 }
 
 /// The markers of `needs` in `iteration`, or the error saying `stage` must wait for them.
@@ -261,7 +261,7 @@ mod tests {
     fn a_model_out_of_memory_is_reported_with_the_stage_the_policy_and_the_knob() {
         let oom = || crate::model::Error::OutOfMemory { during: "training on 8 sequences".into(), detail: "no".into() };
         let stage = StageId::at(Stage::Update, 3);
-        let message = Error::from(crate::play::Error::Model(oom()))
+        let message = Error::from(crate::play::Error::Engine(crate::engine::Error::Model(oom())))
             .out_of_memory_in(stage, Some("shared"), "a smaller update.micro_batch_tokens")
             .to_string();
         assert_eq!(
@@ -269,7 +269,7 @@ mod tests {
             "out of memory in update of iteration 3, policy shared: try a smaller update.micro_batch_tokens \
              (while training on 8 sequences: no)"
         );
-        let other = Error::NoConfig { url: "x".into() }.out_of_memory_in(stage, None, "k");
-        assert!(matches!(other, Error::NoConfig { .. }), "other errors pass through");
+        let other = Error::NotReady { stage, needs: Stage::Advantage, iteration: 3 }.out_of_memory_in(stage, None, "k");
+        assert!(matches!(other, Error::NotReady { .. }), "other errors pass through");
     }
 }

@@ -31,11 +31,11 @@ use std::collections::HashSet;
 use bytes::Bytes;
 use serde::Serialize;
 
+use crate::config::ModelInit;
 use crate::config::RunConfig;
 use crate::envs::dataset::DatasetFile;
 use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
 use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
-use crate::policies::ModelInit;
 use crate::rng::{Key, SplitMix64, stream};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::schema::Table;

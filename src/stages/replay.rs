@@ -24,7 +24,7 @@ pub fn replays(config: &RunConfig, iteration: u32) -> Option<&ForkConfig> {
 pub async fn check(config: &RunConfig, fork: &ForkConfig) -> Result<(RunStore, Vec<StoredMarker>), Error> {
     let fail = |reason: String| Error::Replay { from: fork.from.clone(), iteration: fork.iteration, reason };
     let source = RunStore::open(&fork.from)?;
-    let differences = config.sampling_differences(&super::run_config(&source).await?);
+    let differences = config.sampling_differences(&crate::config::of_run(&source).await?);
     if !differences.is_empty() {
         return Err(fail(format!(
             "replayed turns must be sampled as this run would sample them, but {} differ from the source's",

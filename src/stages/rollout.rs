@@ -6,95 +6,23 @@
 //! are per task, so shards together write exactly the rows one unsharded rollout writes.
 //! A replay fork's rollout is not sampled here: the pipeline runs `replay` instead.
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::RunConfig;
-use crate::engine::EngineKind;
-use crate::model::SamplingConfig;
-use crate::play::{self, Branching, Candidate, OverlongPrompt, RolloutMode, Selection, Setup};
-use crate::policies::{self, LoadedPolicies, Resident};
+use crate::engine::StageEngine;
+use crate::play::{self, Branching, Candidate, Setup};
+use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
 use crate::rng::Key;
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::{TaskRow, TurnRow};
 use crate::tasks;
-use crate::validate::{Invalid, check};
 
-use super::Error;
-use super::engine::StageEngine;
-
-/// `rollout:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RolloutConfig {
-    /// Training tasks per iteration (B).
-    pub tasks_per_iteration: u32,
-    /// Candidates per (task, agent, turn) in tree mode, trajectories per task otherwise (K).
-    pub k: u32,
-    /// tree: AT-GRPO's branch-and-select sampling; independent: K separate trajectories.
-    pub mode: RolloutMode,
-    /// How the candidate that continues the trajectory is chosen in tree mode.
-    pub select: Selection,
-    /// Sampling settings.
-    pub sampling: SamplingConfig,
-    /// Longest prompt (chat template applied) a rollout or evaluation may send; a longer
-    /// one is never cut: it fails the stage or skips its task (`overlong_prompt`).
-    pub max_prompt_tokens: u32,
-    /// A prompt longer than `max_prompt_tokens`: error (the stage fails, naming the
-    /// limit) or skip (its task is left out of the stage, and the commit lists it).
-    pub overlong_prompt: OverlongPrompt,
-    /// Memory for the sampler's key/value caches, GiB; a share of the device's free
-    /// memory when unset. Batches are sized from it.
-    pub kv_cache_gib: Option<f64>,
-    /// Who samples: tch (petting's own sampler) or vllm (the server of `vllm:`).
-    pub engine: EngineKind,
-}
-
-impl Default for RolloutConfig {
-    fn default() -> Self {
-        RolloutConfig {
-            tasks_per_iteration: 16,
-            k: 4,
-            mode: RolloutMode::Tree,
-            select: Selection::BestReward,
-            sampling: SamplingConfig::default(),
-            max_prompt_tokens: 4096,
-            overlong_prompt: OverlongPrompt::Error,
-            kv_cache_gib: None,
-            engine: EngineKind::Tch,
-        }
-    }
-}
-
-impl RolloutConfig {
-    pub fn validate(&self, train_tasks: u32) -> Result<(), Invalid> {
-        check(self.k >= 1, "rollout.k", "must be at least 1")?;
-        check(self.tasks_per_iteration >= 1, "rollout.tasks_per_iteration", "must be at least 1")?;
-        check(
-            self.tasks_per_iteration <= train_tasks,
-            "rollout.tasks_per_iteration",
-            format!("{} is more than data.train_tasks ({train_tasks})", self.tasks_per_iteration),
-        )?;
-        check(self.max_prompt_tokens >= 1, "rollout.max_prompt_tokens", "must be at least 1")?;
-        check_kv_cache_gib(self.kv_cache_gib, "rollout.kv_cache_gib")?;
-        self.sampling.validate("rollout.sampling")
-    }
-}
+use super::{Error, Session};
 
 /// What helps a rollout that runs out of memory.
 const MEMORY_KNOB: &str = "a smaller rollout.kv_cache_gib, fewer prompts at once (rollout.tasks_per_iteration × \
      rollout.k, or a shard per worker with --worker) or shorter ones (rollout.max_prompt_tokens, \
      rollout.sampling.max_new_tokens)";
-
-/// `kv_cache_gib` of rollout and evaluation: unset, or a positive size.
-pub(crate) fn check_kv_cache_gib(gib: Option<f64>, key: &str) -> Result<(), Invalid> {
-    check(
-        gib.is_none_or(|g| g > 0.0 && g.is_finite()),
-        key,
-        "must be a positive number of GiB (unset: a share of the device's free memory)",
-    )
-}
 
 /// Plays iteration `iteration`'s batch (or one shard of it) and commits its `turns`.
 pub async fn run(
@@ -103,25 +31,25 @@ pub async fn run(
     iteration: u32,
     shard: Option<Shard>,
     progress: &dyn Progress,
-    resident: &Resident,
+    session: &Session,
 ) -> Result<CommitMarker, Error> {
     let stage = StageId { shard, ..StageId::at(Stage::Rollout, iteration) };
     super::refuse_if_committed(store, stage).await?;
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch = tasks::batch(&train, config, iteration, shard);
-    let mut loaded = policies::load_current(store, config, iteration, resident).await?;
+    let mut loaded = policies::load_current(store, config, iteration, &session.policies).await?;
     let setup = setup(config, iteration);
     let games = play::games(&config.env, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
     let engine =
-        StageEngine::prepare(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded, resident).await?;
+        StageEngine::prepare(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded, &session.server).await?;
     let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {
-            let max_prompt = rollout.max_prompt_tokens as usize;
-            engine.play(&mut loaded, &rollout.sampling, max_prompt, &games, &setup, &sandbox, progress)
+            let mut responder = engine.responder(&mut loaded, &rollout.sampling, rollout.max_prompt_tokens as usize);
+            play::play(&games, &setup, responder.as_mut(), &sandbox, progress)
         })
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
@@ -135,7 +63,7 @@ pub async fn run(
         ..super::run_info(config)
     };
     let marker = super::commit_by_agent(writer, rows, info).await?;
-    resident.give_back(loaded);
+    session.policies.give_back(loaded);
     Ok(marker)
 }
 

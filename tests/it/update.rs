@@ -13,7 +13,7 @@ use petting::model::{
 use petting::policies::{self, LoadedPolicies, Resident};
 use petting::progress::Quiet;
 use petting::schema::Table;
-use petting::stages::{self, advantage, group, update};
+use petting::stages::{self, Session, advantage, group, update};
 use petting::store::{CommitInfo, CommitMarker, Partition, RunStore, Split, Stage, StageId};
 use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
 use petting::workflows::Role;
@@ -290,7 +290,7 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
     let twin_dir = tempfile::tempdir().unwrap();
     copy_dir(&run.path, twin_dir.path());
 
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
     let used: Vec<(String, u32)> = marker.policies_used.iter().map(|p| (p.policy.clone(), p.version)).collect();
     assert_eq!(used, vec![("plan_p".into(), 0), ("tool_p".into(), 0)]);
     let new: Vec<(String, u32, Option<u32>)> =
@@ -331,12 +331,12 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
             assert_eq!(loaded.model(policy).unwrap().1.is_some(), policy == "plan_p");
         }
     });
-    let again = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let again = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     assert!(again.to_string().contains("already committed"), "{again}");
 
     // Bit-identical rerun on CPU.
     let twin = RunStore::open(twin_dir.path().to_str().unwrap()).unwrap();
-    let twin_marker = block_on(update::run(&twin, &run.config, 0, &Quiet, &Resident::default())).unwrap();
+    let twin_marker = block_on(update::run(&twin, &run.config, 0, &Quiet, &Session::default())).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().map(|c| c.weights_sha256.clone()).collect::<Vec<_>>();
     assert_eq!(sha(&twin_marker), sha(&marker));
 }
@@ -356,7 +356,7 @@ fn the_optimiser_continues_from_the_version_it_trains() {
     let mut steps = [0u64; 2];
     for k in 0..2 {
         block_on(rollout(&run, k, Tamper::None));
-        let marker = block_on(update::run(&run.store, &run.config, k, &Quiet, &Resident::default())).unwrap();
+        let marker = block_on(update::run(&run.store, &run.config, k, &Quiet, &Session::default())).unwrap();
         let rows = update_rows(&run, &marker);
         for (i, policy) in ["plan_p", "tool_p"].into_iter().enumerate() {
             let mine: Vec<&UpdateRow> = rows.iter().filter(|r| r.policy == policy).collect();
@@ -400,7 +400,7 @@ fn bf16_weights_learn_at_a_realistic_learning_rate_and_bf16_lora_trains_on_cpu()
     );
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
     let rows = update_rows(&run, &marker);
     // A 1e-6 step is below bf16's resolution: stepping the bf16 weights themselves (tch's
     // AdamW) moved nothing. The float32 masters move by about lr per step.
@@ -453,7 +453,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
     let on = ScoreRequest { adapter: adapter.map(str::to_owned), ..request.clone() };
     assert_eq!(policy.score(&[on], 64).unwrap(), direct.score(&[request], 64).unwrap());
     block_on(rollout(&run, 0, Tamper::None));
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().find(|c| c.policy == "plan_p").unwrap().weights_sha256.clone();
     assert_ne!(sha(&v0), sha(&marker), "the adapter trained");
     let mut v1 = block_on(policies::load(&run.store, &run.config, "plan_p", 1)).unwrap();
@@ -465,7 +465,7 @@ fn update_refuses_a_rollout_sampled_with_other_weights() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::WeightsHash));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::WeightsMismatch { .. }), "{err}");
     let message = err.to_string();
     let latest = block_on(policies::latest(&run.store, "tool_p")).unwrap().unwrap();
@@ -492,7 +492,7 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
     bytes[last] ^= 0x01;
     std::fs::write(&file, bytes).unwrap();
 
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     let message = err.to_string();
     assert!(message.contains(&weights.path) && message.contains("corrupt"), "{message}");
     // Every checkpoint is verified before the first write: not even an orphan.
@@ -504,7 +504,7 @@ fn update_refuses_a_row_of_another_version() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowVersion));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::RowVersion { found: 1, expected: 0, .. }), "{err}");
     assert!(err.to_string().contains(&rows[5].candidate_id), "{err}");
     assert_nothing_committed(&run, 0, None);
@@ -515,7 +515,7 @@ fn update_refuses_a_row_sampled_by_other_weights_than_its_version() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowWeights));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     match refusal(&err) {
         update::Error::RowWeights { candidate_id, version: 0, found, expected, .. } => {
             assert_eq!(candidate_id, &rows[6].candidate_id);
@@ -533,7 +533,7 @@ fn update_refuses_a_turns_part_of_another_iteration() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::ForeignPart));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::ForeignPart { iteration: 0, .. }), "{err}");
     assert!(err.to_string().contains("turns/iteration=1/"), "{err}");
     assert_nothing_committed(&run, 0, None);
@@ -544,7 +544,7 @@ fn update_refuses_logprobs_the_weights_do_not_give() {
     let run = new_run("");
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::Logprobs));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     match refusal(&err) {
         update::Error::Drift { policy, mean, max, .. } => {
             assert_eq!(policy, "tool_p");
@@ -561,7 +561,7 @@ fn masked_truncated_replies_are_counted_and_left_out_of_the_loss() {
     let run = new_run_edited("", &[("update: {", "algorithm: {truncated: mask}\nupdate: {")]);
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let turns = block_on(rollout(&run, 0, Tamper::Truncated));
-    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap();
+    let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
     let rows = update_rows(&run, &marker);
     let samples = samples_of(&run, 0);
     let cut: std::collections::HashSet<&str> =
@@ -583,7 +583,7 @@ fn update_refuses_to_commit_weights_a_step_made_non_finite() {
     let run = new_run_edited("", &[("optimizer: {lr: 0.001}", "optimizer: {lr: 1.0e39}")]);
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     match refusal(&err) {
         update::Error::NonFiniteWeights { policy, .. } => assert_eq!(policy, "tool_p"),
         other => panic!("expected non-finite weights, got {other}"),
@@ -600,15 +600,15 @@ fn update_refuses_a_checkpoint_whose_weights_give_non_finite_logprobs() {
     block_on(rollout(&run, 0, Tamper::None));
     // The rollout's rows are sound, but the copy of plan_p (trained first) that the
     // update finds in memory computes a NaN: its base's final norm is poisoned.
-    let resident = Resident::default();
+    let session = Session::default();
     let mut loaded = block_on(policies::load_all(&run.store, &run.config, 0)).unwrap();
     let (policy, _) = loaded.model("plan_p").unwrap();
     tch::no_grad(|| {
         let norm = policy.var_store().variables().into_iter().find(|(n, _)| n.ends_with("model.norm.weight")).unwrap();
         let _ = norm.1.shallow_clone().fill_(f64::NAN);
     });
-    resident.give_back(loaded);
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &resident)).unwrap_err();
+    session.policies.give_back(loaded);
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &session)).unwrap_err();
     match refusal(&err) {
         update::Error::NonFiniteLogprobs { policy, .. } | update::Error::NoFiniteStep { policy, .. } => {
             assert_eq!(policy, "plan_p", "{err}")
@@ -631,8 +631,8 @@ fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
     drop(loaded);
 
     block_on(rollout(&run, 0, Tamper::None));
-    let resident = Resident::default();
-    let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &resident)).unwrap();
+    let session = Session::default();
+    let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &session)).unwrap();
     assert!(!v1.files.iter().any(|f| f.path.contains("/base.")), "v1 refers to v0's base");
 
     // The trained versions stay in memory: the next stage takes them without reading
@@ -640,14 +640,14 @@ fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
     for f in v1.files.iter().filter(|f| f.path.starts_with("checkpoints/")) {
         std::fs::remove_file(run.path.join(&f.path)).unwrap();
     }
-    let mut kept = block_on(resident.take(&run.store, &run.config, 1)).unwrap();
+    let mut kept = block_on(session.policies.take(&run.store, &run.config, 1)).unwrap();
     assert_eq!(kept.refs().len(), 2);
     let missing = block_on(Resident::default().take(&run.store, &run.config, 1)).unwrap_err();
     assert!(missing.to_string().contains("adapter"), "{missing}");
     // A member whose digest is not the committed one is not trusted: it loads from the store.
     kept.advance("tool_p", 1, "0".repeat(64));
-    resident.give_back(kept);
-    assert!(block_on(resident.take(&run.store, &run.config, 1)).is_err());
+    session.policies.give_back(kept);
+    assert!(block_on(session.policies.take(&run.store, &run.config, 1)).is_err());
 }
 
 #[test]
@@ -669,18 +669,18 @@ fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
 
     // plan_p trains first, then its model is dropped for tool_p's: only tool_p's
     // trained model is given back, and the next stage loads plan_p's v1 from the store.
-    let resident = Resident::default();
-    let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &resident)).unwrap();
+    let session = Session::default();
+    let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &session)).unwrap();
     remove_v1(&run.path, &v1, "tool_p");
-    let taken = block_on(resident.take(&run.store, &run.config, 1)).unwrap();
+    let taken = block_on(session.policies.take(&run.store, &run.config, 1)).unwrap();
     assert_eq!(taken.model_count(), 2);
     let versions: Vec<(String, u32)> = taken.refs().into_iter().map(|r| (r.policy, r.version)).collect();
     assert_eq!(versions, vec![("plan_p".into(), 1), ("tool_p".into(), 1)]);
 
-    let resident = Resident::default();
-    let twin_v1 = block_on(update::run(&twin, &run.config, 0, &Quiet, &resident)).unwrap();
+    let session = Session::default();
+    let twin_v1 = block_on(update::run(&twin, &run.config, 0, &Quiet, &session)).unwrap();
     remove_v1(twin_dir.path(), &twin_v1, "plan_p");
-    let dropped = block_on(resident.take(&twin, &run.config, 1)).unwrap_err();
+    let dropped = block_on(session.policies.take(&twin, &run.config, 1)).unwrap_err();
     assert!(dropped.to_string().contains("plan_p"), "{dropped}");
 }
 
@@ -718,12 +718,12 @@ fn update_refuses_without_v0_or_out_of_step() {
         group::run(&run.store, &run.config, 0).await.unwrap();
         advantage::run(&run.store, &run.config, 0).await.unwrap();
     });
-    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::NoCheckpoint { .. }), "{err}");
     // With v0 but asked for iteration 1: v1 is not the latest.
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 1, Tamper::None));
-    let err = block_on(update::run(&run.store, &run.config, 1, &Quiet, &Resident::default())).unwrap_err();
+    let err = block_on(update::run(&run.store, &run.config, 1, &Quiet, &Session::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::NotAligned { latest: 0, iteration: 1, .. }), "{err}");
 }
 

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
+use crate::config::{ModelInit, PolicyConfig};
 use crate::model::{AdamWState, ModelConfig, Policy};
-use crate::policies::{self, BaseRef, Fetched, LoadedPolicies, ModelInit, PolicyConfig};
+use crate::policies::{self, BaseRef, Fetched, LoadedPolicies};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, stream};
 use crate::schema::Table;
@@ -69,7 +70,7 @@ pub async fn initialise(
                     let examples = warm_start::examples(&policy, config, name, &demos)?;
                     let started = Instant::now();
                     let label = format!("warm start {name}");
-                    let knob = config.update.memory_knob();
+                    let knob = super::memory_knob(&config.update);
                     rows.extend(
                         phase(progress, &label, u64::from(warm.steps), "steps", || {
                             warm_start::train(&mut policy, name, &examples, config, progress)

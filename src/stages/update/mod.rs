@@ -44,250 +44,53 @@
 //! entropy would need the (N, V) logits the training forward avoids. SFT rows record 0.
 
 mod checks;
+mod error;
 mod initialise;
-pub mod warm_start;
+mod warm_start;
 
 use std::time::Instant;
-
-use serde::{Deserialize, Serialize};
 
 use crate::algo::Truncated;
 use crate::algo::loss::{ppo_clip_loss, truncated_importance_weight};
 use crate::algo::stats::{mean_max, mismatch};
-use crate::config::RunConfig;
+use crate::config::{Checkpointing, RunConfig, UpdateConfig};
 use crate::model::{
     AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, StepResult, Trainer, prompt_groups,
 };
-use crate::policies::{self, Resident};
+use crate::policies;
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, permutation, stream};
 use crate::schema::Table;
 use crate::store::{CommitInfo, CommitMarker, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{self, LogprobGapRow, SampleRow, TurnRow, UpdateRow};
-use crate::validate::{Invalid, check};
 
-use super::inputs;
+use super::{Session, inputs};
 use checks::{Sequence, TrainingSet};
+pub use error::Error;
 pub use initialise::{check_fork, initialise};
 
-/// `update:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct UpdateConfig {
-    /// Passes over the iteration's samples.
-    pub epochs: u32,
-    /// Sequences per optimiser step.
-    pub mini_batch_sequences: u32,
-    /// Tokens per forward/backward pass; bounds memory, not the step.
-    pub micro_batch_tokens: u32,
-    /// Global gradient-norm clip.
-    pub grad_clip: f64,
-    /// Recompute activations in the backward pass to save memory: true, false, or auto
-    /// (on when a micro-batch's activations would take more than 4 GiB).
-    pub gradient_checkpointing: Checkpointing,
-    /// Forward a prompt that several samples share (a group's candidates) once, each
-    /// response attending to it: the same loss and gradients, a fraction of the work.
-    pub share_prefix: bool,
-    /// Largest mean |recomputed - sampled| token logprob accepted before the first step;
-    /// more means the weights or the sampler are wrong, and the update refuses.
-    pub max_logprob_drift: f64,
-    /// Correct the engine-vs-trainer mismatch with truncated importance weights: each
-    /// token's loss weighted by min(π_trainer / π_engine, this cap), e.g. 2.0. Unset: none.
-    pub truncated_importance_ratio: Option<f64>,
+/// What helps an update's training step that runs out of memory.
+pub(super) fn memory_knob(update: &UpdateConfig) -> String {
+    format!(
+        "a smaller update.micro_batch_tokens (now {}) or update.gradient_checkpointing: true",
+        update.micro_batch_tokens
+    )
 }
 
-impl Default for UpdateConfig {
-    fn default() -> Self {
-        UpdateConfig {
-            epochs: 1,
-            mini_batch_sequences: 64,
-            micro_batch_tokens: 8192,
-            grad_clip: 1.0,
-            gradient_checkpointing: Checkpointing::Auto,
-            share_prefix: true,
-            max_logprob_drift: 0.05,
-            truncated_importance_ratio: None,
-        }
-    }
-}
-
-impl UpdateConfig {
-    pub fn validate(&self) -> Result<(), Invalid> {
-        check(self.epochs >= 1, "update.epochs", "must be at least 1")?;
-        check(self.mini_batch_sequences >= 1, "update.mini_batch_sequences", "must be at least 1")?;
-        check(self.micro_batch_tokens >= 1, "update.micro_batch_tokens", "must be at least 1")?;
-        check(self.grad_clip > 0.0, "update.grad_clip", "must be positive")?;
-        check(self.max_logprob_drift > 0.0, "update.max_logprob_drift", "must be positive")?;
-        check(
-            self.truncated_importance_ratio.is_none_or(|c| c >= 1.0 && c.is_finite()),
-            "update.truncated_importance_ratio",
-            "must be a cap of at least 1 (e.g. 2.0), or unset for no correction",
-        )
-    }
-
-    /// What helps a training step that runs out of memory.
-    pub(super) fn memory_knob(&self) -> String {
-        format!(
-            "a smaller update.micro_batch_tokens (now {}) or update.gradient_checkpointing: true",
-            self.micro_batch_tokens
-        )
-    }
-
-    /// How `policy` trains: micro-batches of `micro_batch_tokens`, checkpointed as
-    /// configured or as the model needs.
-    pub(super) fn micro_batching(&self, policy: &Policy) -> MicroBatching {
-        let tokens = self.micro_batch_tokens as usize;
-        let checkpointing = match self.gradient_checkpointing {
-            Checkpointing::On => true,
-            Checkpointing::Off => false,
-            Checkpointing::Auto => policy.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
-        };
-        MicroBatching { share_prefix: self.share_prefix, ..MicroBatching::new(tokens, checkpointing) }
-    }
+/// How `policy` trains in an update: micro-batches of `micro_batch_tokens`, checkpointed as
+/// configured or as the model needs.
+pub(super) fn micro_batching(update: &UpdateConfig, policy: &Policy) -> MicroBatching {
+    let tokens = update.micro_batch_tokens as usize;
+    let checkpointing = match update.gradient_checkpointing {
+        Checkpointing::On => true,
+        Checkpointing::Off => false,
+        Checkpointing::Auto => policy.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
+    };
+    MicroBatching { share_prefix: update.share_prefix, ..MicroBatching::new(tokens, checkpointing) }
 }
 
 /// Activations of one micro-batch above which `gradient_checkpointing: auto` turns it on.
 const AUTO_CHECKPOINTING_BYTES: u64 = 4 << 30;
-
-/// Whether activations are recomputed in the backward pass (`update.gradient_checkpointing`):
-/// `true`, `false` or `auto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Checkpointing {
-    Auto,
-    On,
-    Off,
-}
-
-impl Serialize for Checkpointing {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Checkpointing::Auto => s.serialize_str("auto"),
-            Checkpointing::On => s.serialize_bool(true),
-            Checkpointing::Off => s.serialize_bool(false),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Checkpointing {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checkpointing, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Written {
-            Bool(bool),
-            Word(String),
-        }
-        match Written::deserialize(d)? {
-            Written::Bool(true) => Ok(Checkpointing::On),
-            Written::Bool(false) => Ok(Checkpointing::Off),
-            Written::Word(w) if w == "auto" => Ok(Checkpointing::Auto),
-            Written::Word(w) => Err(serde::de::Error::custom(format!("{w:?} is not true, false or auto"))),
-        }
-    }
-}
-
-/// Why an update refuses to run (the on-policy checks) or a policy cannot be built.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    #[error("policy {policy:?} has no committed checkpoint; commit v0 first (the run-level update, `initialise`)")]
-    NoCheckpoint { policy: String },
-
-    #[error(
-        "refusing to update {policy:?} in iteration {iteration}: the update of iteration {iteration} trains \
-         v{iteration}, but the latest committed checkpoint is v{latest}; nothing was written"
-    )]
-    NotAligned { policy: String, iteration: u32, latest: u32 },
-
-    #[error(
-        "refusing to update {policy:?} in iteration {iteration}: the rollout ({marker}) sampled v{rollout_version} \
-         with weights sha256 {rollout_sha256}, but the latest committed checkpoint is v{version} with weights \
-         sha256 {checkpoint_sha256}; nothing was written"
-    )]
-    WeightsMismatch {
-        policy: String,
-        iteration: u32,
-        marker: String,
-        rollout_version: u32,
-        rollout_sha256: String,
-        version: u32,
-        checkpoint_sha256: String,
-    },
-
-    #[error(
-        "refusing to update iteration {iteration}: policy {policy:?} has turns, but the rollout marker does not \
-         record which weights sampled them; nothing was written"
-    )]
-    UnrecordedPolicy { policy: String, iteration: u32 },
-
-    #[error(
-        "refusing to update iteration {iteration}: the rollout marker {marker} names {path}, which is not a turns \
-         part of iteration {iteration}; nothing was written"
-    )]
-    ForeignPart { iteration: u32, marker: String, path: String },
-
-    #[error(
-        "refusing to update {policy:?} in iteration {iteration}: {table} row {candidate_id} was sampled by \
-         v{found}, but the latest committed checkpoint is v{expected}; nothing was written"
-    )]
-    RowVersion { policy: String, iteration: u32, table: Table, candidate_id: String, found: u32, expected: u32 },
-
-    #[error(
-        "refusing to update {policy:?} in iteration {iteration}: turns row {candidate_id} says it was sampled by \
-         weights {found:?}, but v{version} is {expected}; an engine sampled with other weights than the version \
-         it names; nothing was written"
-    )]
-    RowWeights { policy: String, iteration: u32, candidate_id: String, version: u32, found: String, expected: String },
-
-    #[error("{table} row {candidate_id} names policy {policy:?}, which is not one of the run's policies")]
-    UnknownPolicy { table: Table, candidate_id: String, policy: String },
-
-    #[error("samples row {candidate_id} of iteration {iteration} has no turns row in the rollout")]
-    MissingTurn { iteration: u32, candidate_id: String },
-
-    #[error("candidate {candidate_id}: {reason}")]
-    BadRow { candidate_id: String, reason: String },
-
-    #[error(
-        "refusing to update iteration {iteration}: the samples ({advantage}) were not computed from the committed \
-         rollout {rollout}"
-    )]
-    StaleSamples { iteration: u32, advantage: String, rollout: String },
-
-    #[error(
-        "refusing to update {policy:?} v{version}: the recomputed logprobs differ from the sampled ones by {mean:.4} \
-         on average (max {max:.4}), more than update.max_logprob_drift = {limit}; the rollout used other weights \
-         or the sampler is broken (a vLLM server sampling at a temperature other than 1 must run with \
-         --logprobs-mode processed_logprobs, so that its logprobs are those of the distribution it drew from)"
-    )]
-    Drift { policy: String, version: u32, mean: f64, max: f64, limit: f64 },
-
-    #[error(
-        "refusing to update {policy:?} v{version}: its weights give non-finite logprobs on {tokens} of the sampled \
-         tokens; the checkpoint is broken (its weights hold a NaN or an infinity)"
-    )]
-    NonFiniteLogprobs { policy: String, version: u32, tokens: usize },
-
-    #[error(
-        "the update of {policy:?} v{version} took no step: the loss or gradient norm was not finite in all {steps} \
-         of its mini-batches; nothing was written. What helps: a lower learning rate (policies.{policy}.optimizer.lr \
-         = {lr}), a tighter update.grad_clip (now {grad_clip}), or float32 weights (policies.{policy}.dtype, now \
-         {dtype})"
-    )]
-    NoFiniteStep { policy: String, version: u32, steps: usize, lr: f64, grad_clip: f64, dtype: String },
-
-    #[error(
-        "refusing to commit {policy:?} v{version}: after the update its weights hold a NaN or an infinity ({names}); \
-         nothing was written. What helps: a lower learning rate (policies.{policy}.optimizer.lr = {lr}) or a tighter \
-         update.grad_clip (now {grad_clip})"
-    )]
-    NonFiniteWeights { policy: String, version: u32, names: String, lr: f64, grad_clip: f64 },
-
-    #[error("policy {policy:?}: {reason}")]
-    Init { policy: String, reason: String },
-
-    #[error("cannot fork iteration {iteration} of {from}: {source}")]
-    Fork { from: String, iteration: u32, source: Box<policies::Error> },
-}
 
 /// Trains every policy of the run on its own samples of iteration `iteration` and
 /// commits v(iteration+1) of each, with the `updates` table, in one marker.
@@ -296,7 +99,7 @@ pub async fn run(
     config: &RunConfig,
     iteration: u32,
     progress: &dyn Progress,
-    resident: &Resident,
+    session: &Session,
 ) -> Result<CommitMarker, super::Error> {
     let stage = StageId::at(Stage::Update, iteration);
     let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
@@ -323,7 +126,7 @@ pub async fn run(
         }
         optimizers.push(policies::optimizer_file(store, &markers, &set.name, set.current.version).await?);
     }
-    let mut loaded = resident.take(store, config, iteration).await?;
+    let mut loaded = session.policies.take(store, config, iteration).await?;
     let mut writer = store.begin(stage);
     let (mut rows, mut gaps, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut model_seconds = 0.0;
@@ -341,7 +144,7 @@ pub async fn run(
         let (trained, optimizer) = phase(progress, &label, steps, "steps", || {
             train_ppo(policy, adapter.as_deref(), &set, &settings, optimizer, progress)
         })
-        .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &config.update.memory_knob()))?;
+        .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &memory_knob(&config.update)))?;
         rows.extend(trained.steps);
         gaps.extend(trained.gaps);
         model_seconds += started.elapsed().as_secs_f64();
@@ -362,7 +165,7 @@ pub async fn run(
     let info =
         CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
     let marker = writer.finish().commit(info).await?;
-    resident.give_back(loaded);
+    session.policies.give_back(loaded);
     Ok(marker)
 }
 
@@ -406,7 +209,7 @@ impl PpoSettings<'_> {
             iterations: config.iterations,
             epochs: update.epochs,
             mini_batch: update.mini_batch_sequences.max(1) as usize,
-            micro: MicroBatching { temperature: scoring_temperature(config), ..update.micro_batching(policy) },
+            micro: MicroBatching { temperature: scoring_temperature(config), ..micro_batching(update, policy) },
             grad_clip: update.grad_clip,
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,

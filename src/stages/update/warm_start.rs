@@ -5,56 +5,14 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
-use crate::algo::schedule::Schedule;
 use crate::config::RunConfig;
-use crate::model::{OptimizerConfig, Policy, ScoreRequest, Trainer};
+use crate::model::{Policy, ScoreRequest, Trainer};
 use crate::progress::Progress;
 use crate::rng::{Key, permutation, stream};
 use crate::tables::{DemonstrationRow, UpdateRow};
-use crate::validate::{Invalid, check};
 
 use super::Error;
 use crate::stages;
-
-/// `warm_start:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WarmStartConfig {
-    /// Demonstrations generated from the environment's solver.
-    pub demonstrations: u32,
-    /// Optimiser steps of supervised training.
-    pub steps: u32,
-    /// Demonstrations per step.
-    pub batch_size: u32,
-    /// AdamW settings of the warm start.
-    pub optimizer: OptimizerConfig,
-}
-
-impl Default for WarmStartConfig {
-    fn default() -> Self {
-        WarmStartConfig {
-            demonstrations: 20_000,
-            steps: 400,
-            batch_size: 64,
-            optimizer: OptimizerConfig {
-                lr: 2e-3,
-                warmup_steps: 100,
-                schedule: Schedule::Cosine,
-                ..OptimizerConfig::default()
-            },
-        }
-    }
-}
-
-impl WarmStartConfig {
-    pub fn validate(&self) -> Result<(), Invalid> {
-        check(self.steps > 0 && self.batch_size > 0, "warm_start", "steps and batch_size must be at least 1")?;
-        check(self.demonstrations > 0, "warm_start.demonstrations", "must be at least 1")?;
-        check(self.optimizer.lr > 0.0, "warm_start.optimizer.lr", "must be positive")
-    }
-}
 
 /// (prompt ids, response ids) of the demonstrations of the agents `name` plays: the
 /// user message rendered with the chat template (generation prompt, no thinking) and
@@ -108,7 +66,7 @@ pub(super) fn train(
         }
         order.extend(permutation(examples.len(), stream(&[seed, cycle])));
     }
-    let micro = config.update.micro_batching(policy);
+    let micro = super::micro_batching(&config.update, policy);
     let mut trainer = Trainer::new(policy, None, &warm.optimizer, config.update.grad_clip, None)?;
     let mut rows = Vec::with_capacity(steps);
     for step in 0..steps {

@@ -5,9 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::RunConfig;
+use crate::config::{ModelInit, RunConfig};
 use crate::model::{self, ModelConfig, SafetensorsSet};
-use crate::policies::ModelInit;
 use crate::stages::prepare_data;
 
 #[derive(Debug, thiserror::Error)]

@@ -1,18 +1,18 @@
-//! The models behind [`play`](super::play): prompts go through the policy's chat template
-//! and tokenizer ([`Policy::agent_prompt`](crate::model::Policy::agent_prompt)), then
-//! petting's own sampler ([`ModelResponder`]: one batched generation per call) or a vLLM
-//! server ([`VllmResponder`]: the rendered token ids, one request each, all in flight).
+//! The two responders: prompts go through the policy's chat template and tokenizer
+//! ([`Policy::agent_prompt`](crate::model::Policy::agent_prompt)), then petting's own
+//! sampler ([`ModelResponder`]: one batched generation per call) or a vLLM server
+//! ([`VllmResponder`]: the rendered token ids, one request each, all in flight).
 
 use std::time::Instant;
 
 use futures::StreamExt;
 
-use crate::engine::client::CompletionRequest;
-use crate::engine::{EngineKind, Served, VllmClient};
+use crate::config::EngineKind;
 use crate::model::{GenerationRequest, GenerationSettings, SamplingConfig};
 use crate::policies::LoadedPolicies;
 
-use super::{Prompt, Reply, Responder};
+use super::client::CompletionRequest;
+use super::{Error, Prompt, Reply, Responder, Served, VllmClient};
 
 /// Answers prompts with loaded policies, by name.
 pub struct ModelResponder<'a> {
@@ -32,12 +32,12 @@ impl<'a> ModelResponder<'a> {
 }
 
 impl Responder for ModelResponder<'_> {
-    fn fits(&mut self, name: &str, text: &str) -> Result<bool, super::Error> {
+    fn fits(&mut self, name: &str, text: &str) -> Result<bool, Error> {
         let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         fits(policy, text, self.max_prompt_tokens)
     }
 
-    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, super::Error> {
+    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
         let (policy, adapter) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let adapter = adapter.map(str::to_owned);
         let rendered: Vec<(String, Vec<i64>)> =
@@ -89,7 +89,7 @@ impl Responder for ModelResponder<'_> {
 }
 
 /// Whether `text`, rendered as `policy` renders agent prompts, is at most `max_tokens`.
-fn fits(policy: &crate::model::Policy, text: &str, max_tokens: usize) -> Result<bool, super::Error> {
+fn fits(policy: &crate::model::Policy, text: &str, max_tokens: usize) -> Result<bool, Error> {
     match policy.agent_prompt(text, max_tokens) {
         Ok(_) => Ok(true),
         Err(crate::model::Error::PromptTooLong { .. }) => Ok(false),
@@ -112,12 +112,12 @@ pub struct VllmResponder<'a> {
 }
 
 impl Responder for VllmResponder<'_> {
-    fn fits(&mut self, name: &str, text: &str) -> Result<bool, super::Error> {
+    fn fits(&mut self, name: &str, text: &str) -> Result<bool, Error> {
         let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         fits(policy, text, self.max_prompt_tokens)
     }
 
-    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, super::Error> {
+    fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
         let served = self.served.name(name).ok_or_else(|| not_loaded(name))?.to_string();
         let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let stop_token_ids = policy.config().eos_token_ids.clone();

@@ -3,43 +3,36 @@
 
 use std::path::PathBuf;
 
-use crate::config::RunConfig;
-use crate::engine::{self, EngineKind, Served, VllmClient};
+use crate::config::{EngineKind, RunConfig};
 use crate::model::{GenerationSettings, KvBudget, SamplingConfig};
-use crate::play::responder::{ModelResponder, VllmResponder};
-use crate::play::{self, Game, Played, Setup};
-use crate::policies::{self, LoadedPolicies, Resident};
-use crate::progress::Progress;
-use crate::sandbox::Sandbox;
+use crate::policies::{self, LoadedPolicies};
 use crate::store::{RunStore, layout};
 
-use super::Error;
+use super::{Error, ModelResponder, Responder, Served, ServerSlot, VllmClient, VllmResponder};
 
 /// How one stage samples.
-pub(super) enum StageEngine {
+pub enum StageEngine {
     Tch { kv_cache_gib: Option<f64> },
     Vllm { client: VllmClient, served: Served, max_concurrent_requests: usize },
 }
 
 impl StageEngine {
-    /// For `kind`: with vLLM, the run's server (started when the config says how) holding
-    /// exactly the loaded versions, checked by probe.
-    pub(super) async fn prepare(
+    /// For `kind`: with vLLM, the run's server (started in `server` when the config says
+    /// how) holding exactly the loaded versions, checked by fingerprint and probe.
+    pub async fn prepare(
         kind: EngineKind,
         kv_cache_gib: Option<f64>,
         store: &RunStore,
         config: &RunConfig,
         loaded: &mut LoadedPolicies,
-        resident: &Resident,
+        server: &ServerSlot,
     ) -> Result<StageEngine, Error> {
         let vllm = match (kind, &config.vllm) {
             (EngineKind::Tch, _) => return Ok(StageEngine::Tch { kv_cache_gib }),
             (EngineKind::Vllm, Some(vllm)) => vllm,
-            (EngineKind::Vllm, None) => {
-                return Err(engine::Error::Unsupported("engine: vllm needs a vllm: section".into()).into());
-            }
+            (EngineKind::Vllm, None) => return Err(Error::Unsupported("engine: vllm needs a vllm: section".into())),
         };
-        let client = resident.server().client(vllm, &log_dir(store, config)).await?;
+        let client = server.client(vllm, &log_dir(store, config)).await?;
         let markers = store.markers().await?;
         let mut checkpoints = Vec::new();
         for name in config.policies.keys() {
@@ -47,7 +40,7 @@ impl StageEngine {
             // The checkpoint alone: an adapter's base is on the server already.
             let dir = policies::checkpoint_folder(store, &markers, name, member.version).await?;
             let tied_embeddings = loaded.model(name).is_some_and(|(p, _)| p.config().tie_word_embeddings);
-            checkpoints.push(engine::sync::Checkpoint {
+            checkpoints.push(super::sync::Checkpoint {
                 policy: name.clone(),
                 version: member.version,
                 weights_sha256: member.weights_sha256,
@@ -58,42 +51,34 @@ impl StageEngine {
         }
         let views = policies::cache_root().join("vllm");
         let limit = config.update.max_logprob_drift;
-        let served = engine::sync::serve(&client, vllm, &checkpoints, loaded, &views, limit).await?;
+        let served = super::sync::serve(&client, vllm, &checkpoints, loaded, &views, limit).await?;
         Ok(StageEngine::Vllm { client, served, max_concurrent_requests: vllm.max_concurrent_requests })
     }
 
-    /// Plays `games` with `setup`, sampling as `sampling` says.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn play(
-        &self,
-        loaded: &mut LoadedPolicies,
-        sampling: &SamplingConfig,
+    /// The responder that answers the stage's prompts with `loaded`, sampling as
+    /// `sampling` says.
+    pub fn responder<'a>(
+        &'a self,
+        loaded: &'a mut LoadedPolicies,
+        sampling: &'a SamplingConfig,
         max_prompt_tokens: usize,
-        games: &[Game],
-        setup: &Setup,
-        sandbox: &Sandbox,
-        progress: &dyn Progress,
-    ) -> Result<Played, play::Error> {
+    ) -> Box<dyn Responder + 'a> {
         match self {
             StageEngine::Tch { kv_cache_gib } => {
                 let settings = GenerationSettings {
                     kv_budget: KvBudget::from_gib(*kv_cache_gib),
                     ..GenerationSettings::from_config(sampling)
                 };
-                let mut responder = ModelResponder::new(loaded, settings, max_prompt_tokens);
-                play::play(games, setup, &mut responder, sandbox, progress)
+                Box::new(ModelResponder::new(loaded, settings, max_prompt_tokens))
             }
-            StageEngine::Vllm { client, served, max_concurrent_requests } => {
-                let mut responder = VllmResponder {
-                    policies: loaded,
-                    client,
-                    served,
-                    sampling,
-                    max_prompt_tokens,
-                    max_concurrent_requests: *max_concurrent_requests,
-                };
-                play::play(games, setup, &mut responder, sandbox, progress)
-            }
+            StageEngine::Vllm { client, served, max_concurrent_requests } => Box::new(VllmResponder {
+                policies: loaded,
+                client,
+                served,
+                sampling,
+                max_prompt_tokens,
+                max_concurrent_requests: *max_concurrent_requests,
+            }),
         }
     }
 }

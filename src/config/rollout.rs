@@ -1,0 +1,105 @@
+//! `rollout:`: how training trajectories are sampled.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::SamplingConfig;
+use crate::validate::{Invalid, check};
+
+use super::EngineKind;
+
+/// `rollout:` in a run's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// Training tasks per iteration (B).
+    pub tasks_per_iteration: u32,
+    /// Candidates per (task, agent, turn) in tree mode, trajectories per task otherwise (K).
+    pub k: u32,
+    /// tree: AT-GRPO's branch-and-select sampling; independent: K separate trajectories.
+    pub mode: RolloutMode,
+    /// How the candidate that continues the trajectory is chosen in tree mode.
+    pub select: Selection,
+    /// Sampling settings.
+    pub sampling: SamplingConfig,
+    /// Longest prompt (chat template applied) a rollout or evaluation may send; a longer
+    /// one is never cut: it fails the stage or skips its task (`overlong_prompt`).
+    pub max_prompt_tokens: u32,
+    /// A prompt longer than `max_prompt_tokens`: error (the stage fails, naming the
+    /// limit) or skip (its task is left out of the stage, and the commit lists it).
+    pub overlong_prompt: OverlongPrompt,
+    /// Memory for the sampler's key/value caches, GiB; a share of the device's free
+    /// memory when unset. Batches are sized from it.
+    pub kv_cache_gib: Option<f64>,
+    /// Who samples: tch (petting's own sampler) or vllm (the server of `vllm:`).
+    pub engine: EngineKind,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            tasks_per_iteration: 16,
+            k: 4,
+            mode: RolloutMode::Tree,
+            select: Selection::BestReward,
+            sampling: SamplingConfig::default(),
+            max_prompt_tokens: 4096,
+            overlong_prompt: OverlongPrompt::Error,
+            kv_cache_gib: None,
+            engine: EngineKind::Tch,
+        }
+    }
+}
+
+impl RolloutConfig {
+    pub fn validate(&self, train_tasks: u32) -> Result<(), Invalid> {
+        check(self.k >= 1, "rollout.k", "must be at least 1")?;
+        check(self.tasks_per_iteration >= 1, "rollout.tasks_per_iteration", "must be at least 1")?;
+        check(
+            self.tasks_per_iteration <= train_tasks,
+            "rollout.tasks_per_iteration",
+            format!("{} is more than data.train_tasks ({train_tasks})", self.tasks_per_iteration),
+        )?;
+        check(self.max_prompt_tokens >= 1, "rollout.max_prompt_tokens", "must be at least 1")?;
+        check_kv_cache_gib(self.kv_cache_gib, "rollout.kv_cache_gib")?;
+        self.sampling.validate("rollout.sampling")
+    }
+}
+
+/// `kv_cache_gib` of rollout and evaluation: unset, or a positive size.
+pub(super) fn check_kv_cache_gib(gib: Option<f64>, key: &str) -> Result<(), Invalid> {
+    check(
+        gib.is_none_or(|g| g > 0.0 && g.is_finite()),
+        key,
+        "must be a positive number of GiB (unset: a share of the device's free memory)",
+    )
+}
+
+/// How candidates are sampled (`rollout.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutMode {
+    Tree,
+    Independent,
+}
+
+/// Which of a tree node's candidates continues the trajectory (`rollout.select`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// Highest mixed reward; ties go to the lowest branch.
+    BestReward,
+    /// Always branch 0 (a random pick, since branches are exchangeable).
+    First,
+}
+
+/// What a prompt longer than the limit does (`rollout.overlong_prompt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlongPrompt {
+    /// The stage fails, naming the limit.
+    #[default]
+    Error,
+    /// The task is left out: none of its rows are written, and the stage's commit
+    /// marker lists it (`commits.skipped_tasks`).
+    Skip,
+}
