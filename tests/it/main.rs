@@ -3,6 +3,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod architecture;
 mod cli_config;
 mod cli_sql;
 mod generation;
