@@ -1,5 +1,5 @@
 //! The model workloads the Hugging Face `transformers` anchors measure (BENCHMARKS.md,
-//! "Models against Hugging Face transformers"), measured the same way (`scripts/bench-models.sh`):
+//! "Models against Hugging Face transformers"), measured the same way (`scripts/bench/models.sh`):
 //!
 //! * A `prefill`: one forward over 16 × 256 random prompt tokens (full logits), and the
 //!   same keeping the last position only (a 1-token generate);
@@ -9,7 +9,7 @@
 //!   backward, AdamW lr 1e-5, weight decay 0.01); PPO-clip with old logprobs from a
 //!   no-grad pass before timing and one N(0, 1) advantage per sequence.
 //!
-//! * `grpo`: one GRPO step as TRL's `GRPOTrainer` takes it (`scripts/bench_grpo_trl.py`
+//! * `grpo`: one GRPO step as TRL's `GRPOTrainer` takes it (`scripts/bench/grpo_trl.py`
 //!   is the other side), on a real model folder (`--model-dir`): 4 math prompts from
 //!   `datasets/math/gsm_symbolic.jsonl` in the model's chat template × 4 completions of
 //!   exactly 64 sampled tokens, a reward counting ids ≡ 3 mod 64, group-normalised
@@ -20,7 +20,7 @@
 //! * `decode`: greedy generate of exactly `--new-tokens` tokens for `--batch` random
 //!   prompts of `--prompt-len` tokens, with the sampler's own split of prefill and decode
 //!   time: the GPU workload (`--device cuda --dtype bf16 --config
-//!   benches/configs/qwen3-1.7b.config.json`; `scripts/bench_decode_hf.py` is the other side).
+//!   benches/configs/qwen3-1.7b.config.json`; `scripts/bench/decode_hf.py` is the other side).
 //!
 //! Random weights from the bench configs (`Policy::scratch`, seed 0; `--config` for another
 //! shape), float32 on CPU unless `--dtype`, 2 threads.

@@ -4,7 +4,7 @@
 # Extra arguments go to `petting pipeline run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/machine-cache.sh
+source scripts/install/machine-cache.sh
 
-scripts/install-libtorch.sh
+scripts/install/libtorch.sh
 cargo run --locked --quiet -- pipeline run pipelines/plan-path.yaml "$@"

@@ -6,7 +6,7 @@
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh store::).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/machine-cache.sh
+source scripts/install/machine-cache.sh
 
 # The suite's runs write real checkpoints (Qwen2.5-Coder-0.5B's is 2 GB) into temporary
 # folders: it peaked at 6.5 GB on 2026-11-26. Without room the tests fail late, on a write,
@@ -19,28 +19,28 @@ if ((free_gib < need_gib)); then
     exit 1
 fi
 
-scripts/install-libtorch.sh
-scripts/install-python-tools.sh
-scripts/install-test-models.sh
-scripts/install-vllm.sh
+scripts/install/libtorch.sh
+scripts/install/python-tools.sh
+scripts/install/test-models.sh
+scripts/install/vllm.sh
 export PETTING_PYTHON="$PWD/.venv/bin/python"
 
 # The real models of the shipped pipelines, which the tests run; the vLLM server serves
-# SmolLM2 and the full-weight test reloads an untied copy (see scripts/untie-embeddings.py).
-scripts/install-models.sh
+# SmolLM2 and the full-weight test reloads an untied copy (see scripts/install/untie-embeddings.py).
+scripts/install/models.sh
 cargo build --locked --bin petting
 smollm2=checkpoints/smollm2-135m-instruct
 if [[ ! -f .models/smollm2-135m-instruct-untied/model.safetensors ]]; then
-    .vllm/bin/python scripts/untie-embeddings.py "$smollm2" .models/smollm2-135m-instruct-untied
+    .vllm/bin/python scripts/install/untie-embeddings.py "$smollm2" .models/smollm2-135m-instruct-untied
 fi
 
-eval "$(scripts/s3-test-server.sh start)"
-eval "$(scripts/vllm-test-server.sh start)"
+eval "$(scripts/servers/s3.sh start)"
+eval "$(scripts/servers/vllm.sh start)"
 # The checkpoints the tests' runs cache (petting's cache_root) go in a folder of this
 # suite's own: under /tmp they would pile up, a few GB a suite, until the disk is full.
 XDG_CACHE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/petting-test-cache.XXXXXX")"
 export XDG_CACHE_HOME
-trap 'scripts/s3-test-server.sh stop; scripts/vllm-test-server.sh stop; rm -rf "$XDG_CACHE_HOME"' EXIT
+trap 'scripts/servers/s3.sh stop; scripts/servers/vllm.sh stop; rm -rf "$XDG_CACHE_HOME"' EXIT
 export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1
 
 status=0
@@ -48,7 +48,7 @@ cargo test --locked "$@" || status=$?
 if ((status != 0)); then
     # The tests see only the S3 server's status codes; its own reasons are in its log.
     echo "S3 test server, last errors:" >&2
-    scripts/s3-test-server.sh errors >&2 || true
+    scripts/servers/s3.sh errors >&2 || true
     echo "vLLM test server log: $PETTING_TEST_VLLM_LOG" >&2
 fi
 exit "$status"

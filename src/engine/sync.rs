@@ -87,7 +87,7 @@ pub async fn serve(
         return Err(Error::Unsupported(
             "vLLM's in-place reload (0.32) leaves a tied LM head (tie_word_embeddings: true) at its old weights, \
              so a full-weight policy of this model cannot follow its versions on vLLM; train it with lora:, or \
-             untie the model's embeddings (scripts/untie-embeddings.py)"
+             untie the model's embeddings (scripts/install/untie-embeddings.py)"
                 .into(),
         ));
     }

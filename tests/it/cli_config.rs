@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::support::{repo_root, run};
 
-/// Valid, with its data files and model folders (scripts/install-models.sh makes those).
+/// Valid, with its data files and model folders (scripts/install/models.sh makes those).
 #[test]
 fn every_shipped_pipeline_is_valid() {
     let mut checked = 0;
@@ -130,7 +130,7 @@ fn a_missing_model_folder_or_data_file_is_named_before_a_run_exists() {
     let math = std::fs::read_to_string(math).unwrap().replace("../datasets/math/", "absent/");
     let no_data = write(dir.path(), "no-data.yaml", &math.replace("../runs/math", "run"));
     let cases = [
-        (no_model, vec!["no-model.yaml: policies.p.model: no model folder at ", "scripts/install-models.sh"]),
+        (no_model, vec!["no-model.yaml: policies.p.model: no model folder at ", "scripts/install/models.sh"]),
         (no_data, vec!["no-data.yaml: data: ", "absent/", "No such file"]),
     ];
     for (path, expected) in cases {

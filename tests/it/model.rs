@@ -181,7 +181,7 @@ fn fixtures_match_transformers_batched_with_left_padding() {
 #[test]
 fn qwen3_chat_template_matches_transformers() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".models/qwen3-tokenizer");
-    assert!(dir.join("tokenizer.json").exists(), "run scripts/install-test-models.sh");
+    assert!(dir.join("tokenizer.json").exists(), "run scripts/install/test-models.sh");
     let template = petting::model::ChatTemplate::from_dir(&dir).unwrap().expect("a chat template");
     let tokenizer = petting::model::Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
     let reference: Value =
@@ -616,7 +616,7 @@ fn model_generate_and_score_print_one_json_object_per_sequence() {
 
 fn smollm2_gguf() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(path.exists(), "run scripts/install-test-models.sh");
+    assert!(path.exists(), "run scripts/install/test-models.sh");
     path
 }
 
@@ -699,7 +699,7 @@ for t in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F16, T.BF16]
 }
 
 /// Writes a trained full checkpoint and a trained LoRA adapter, with the logprobs petting
-/// computes for them, into $PETTING_EXPORT_DIR, for `scripts/check-transformers-load.py`
+/// computes for them, into $PETTING_EXPORT_DIR, for `scripts/experiments/check-transformers-load.py`
 /// (which needs torch + transformers + peft, too large for CI). Run on demand:
 /// `PETTING_EXPORT_DIR=/tmp/x cargo test --test it export_for_transformers -- --ignored`.
 #[test]

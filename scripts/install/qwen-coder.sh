@@ -12,7 +12,7 @@
 # Idempotent: a complete install (the GGUF with the right sha256) is left alone.
 set -euo pipefail
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 dest="$root/.models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 gguf_sha256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 

@@ -7,11 +7,11 @@
 # sampled, one JSON line per generate call, to bench-results/prompts-LABEL-....jsonl for
 # scripts/bench_rollout_hf.py.
 #
-# Usage: scripts/bench-rollout.sh BINARY MODEL_DIR math|plan-path tree|independent LABEL [--set KEY=VALUE...]
+# Usage: scripts/bench/rollout.sh BINARY MODEL_DIR math|plan-path tree|independent LABEL [--set KEY=VALUE...]
 #   BINARY: a petting binary (e.g. target/debug/petting, or one built from an older commit)
 #   TASKS, K, MAX_NEW: tasks, candidates and new tokens (default 16, 8, 64)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=$(realpath "$1"); model=$(realpath "$2"); workflow=$3; mode=$4; label=$5; shift 5
 results=${RESULTS:-$PWD/bench-results/rollout.jsonl}
 mkdir -p "$(dirname "$results")" bench-results

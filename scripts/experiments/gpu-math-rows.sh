@@ -2,7 +2,7 @@
 # Runs math rows of RESULTS.md on one GPU at once, with the model folder given (the
 # larger-model rows; the CPU rows train SmolLM2-135M), one process per row:
 #
-#   scripts/gpu-math-rows.sh PETTING MODEL OUT [SEED] [MINUTES] [ROW...]
+#   scripts/experiments/gpu-math-rows.sh PETTING MODEL OUT [SEED] [MINUTES] [ROW...]
 #
 # ROWs are pipelines/<ROW>.yaml (default: math math-single-agent, the shared team with
 # AT-GRPO and the single agent). Each sampler gets a fixed key/value budget, so that
@@ -17,7 +17,7 @@
 # going is stopped: its committed stages stay and the same command resumes it. Then
 # `petting compare` writes OUT/compare/. DEVICE=cpu runs the same steps without a GPU.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 petting=$(readlink -f "$1")
 model=$(readlink -f "$2")
 mkdir -p "$3/runs"

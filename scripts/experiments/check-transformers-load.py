@@ -4,7 +4,7 @@ the ones petting computed. Needs torch, transformers and peft (the reference env
 ../shared/bench/anchors/setup-pyref.sh plus `pip install peft`); too large for CI.
 
 Usage: PETTING_EXPORT_DIR=/tmp/x cargo test --test it export_for_transformers -- --ignored
-       $PY scripts/check-transformers-load.py /tmp/x
+       $PY scripts/experiments/check-transformers-load.py /tmp/x
 """
 import json, sys
 import torch

@@ -5,7 +5,7 @@
 # 5 timed reps, reps disturbed by a neighbour redone. Results append as JSON lines to
 # $RESULTS (default bench-results/models.jsonl).
 #
-# Usage: PY=/path/to/pyref/bin/python scripts/bench-models.sh MODEL [WORKLOAD...]
+# Usage: PY=/path/to/pyref/bin/python scripts/bench/models.sh MODEL [WORKLOAD...]
 #   MODEL: bench-tiny | bench-small; WORKLOAD: prefill greedy sampled ce ppo (default: all)
 #   PY: the python of ../shared/bench/anchors/setup-pyref.sh DIR (TORCH_VERSION=2.11.0);
 #       without it only petting's side runs. Set GLIBC_TUNABLES to compare under the
@@ -15,8 +15,8 @@
 #   ROUNDS: run every (petting, transformers) pair this many times, alternating, so that
 #       a machine whose speed drifts over minutes slows both sides alike (default 1).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-model=${1:?usage: scripts/bench-models.sh bench-tiny|bench-small [workload...]}
+cd "$(dirname "$0")/../.."
+model=${1:?usage: scripts/bench/models.sh bench-tiny|bench-small [workload...]}
 shift
 workloads=("$@")
 [[ ${#workloads[@]} -gt 0 ]] || workloads=(prefill greedy sampled ce ppo)

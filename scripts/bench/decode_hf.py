@@ -6,7 +6,7 @@ row early). Timed: one forward over the prompts keeping the last logits (prefill
 the whole `generate`; decode = generate - prefill. 1 warm-up and REPS timed reps,
 medians. Prints one JSON line.
 
-Usage: python scripts/bench_decode_hf.py CONFIG [BATCH PROMPT NEW REPS]
+Usage: python scripts/bench/decode_hf.py CONFIG [BATCH PROMPT NEW REPS]
 """
 
 import json

