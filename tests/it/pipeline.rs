@@ -1,6 +1,7 @@
 //! `petting pipeline run` end to end on a tiny config, checked by SQL on the store.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::support::{output_of, petting, repo_root, run};
 
@@ -56,6 +57,11 @@ fn sql_as(run_dir: &Path, query: &str, format: &str) -> String {
     sql_at(run_dir.to_str().unwrap(), query, format)
 }
 
+/// The rows of `query` over the run at `run`, as CSV lines without the header.
+pub(crate) fn sql_rows(run: &Path, query: &str) -> Vec<String> {
+    sql_at(run.to_str().unwrap(), query, "csv").lines().skip(1).map(str::to_owned).collect()
+}
+
 /// `petting sql` on a run at any URL, with the S3 test server's credentials for `s3://`.
 pub(crate) fn sql_at(run: &str, query: &str, format: &str) -> String {
     let mut command = petting();
@@ -66,6 +72,21 @@ pub(crate) fn sql_at(run: &str, query: &str, format: &str) -> String {
     let (ok, csv, stderr) = output_of(command.args(["sql", run, query, "--format", format]).output().unwrap());
     assert!(ok, "{query}\n{stderr}");
     csv
+}
+
+/// The tiny config with seed 5, run once per test binary: the source of the forks and the
+/// twin of the runs that must write the same tables. Tests read it, never write to it.
+pub(crate) fn reference_run() -> PathBuf {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reference-run");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = dir.join("a");
+        pipeline(&write_config(&dir, "a", &run, 5));
+        run
+    })
+    .clone()
 }
 
 pub(crate) fn pipeline(config: &str) -> String {
@@ -305,8 +326,7 @@ fn local_links(dir: &Path, page: &str) -> Vec<std::path::PathBuf> {
 #[test]
 fn runs_killed_at_random_moments_resume_to_the_same_tables() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a");
-    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let a = reference_run();
     let d = dir.path().join("d");
     let config_d = write_config(dir.path(), "d", &d, 5);
     let mut delay_ms = 150u64;
@@ -342,8 +362,7 @@ fn runs_killed_at_random_moments_resume_to_the_same_tables() {
 #[test]
 fn sharding_a_rollout_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, c) = (dir.path().join("a"), dir.path().join("c"));
-    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let (a, c) = (reference_run(), dir.path().join("c"));
     // The second run stops before iteration 0's rollout, which runs by hand in two shards.
     let config_c = write_config(dir.path(), "c", &c, 5);
     let (ok, _, stderr) = run(&["pipeline", "run", &config_c, "--until", "rollout:0"]);
@@ -377,8 +396,7 @@ fn logprobs(run_dir: &Path) -> Vec<f64> {
 #[test]
 fn a_fork_of_iteration_1_replays_it_and_resumes_without_from() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, f) = (dir.path().join("a"), dir.path().join("f"));
-    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let (a, f) = (reference_run(), dir.path().join("f"));
     let config_f = write_config(dir.path(), "f", &f, 5);
     let source = |k: u32| format!("{}@{k}", a.display());
 
@@ -406,8 +424,7 @@ fn a_fork_of_iteration_1_replays_it_and_resumes_without_from() {
 #[test]
 fn a_replay_fork_regroups_the_same_turns_with_another_algorithm() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, r, m) = (dir.path().join("a"), dir.path().join("r"), dir.path().join("m"));
-    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let (a, r, m) = (reference_run(), dir.path().join("r"), dir.path().join("m"));
     let with_grpo = |name: &str, run_dir: &Path, seed: u64| {
         write_edited_config(dir.path(), name, run_dir, seed, &[("{name: at_grpo}", "{name: grpo}")])
     };
@@ -446,8 +463,7 @@ fn url_of(run_dir: &Path) -> String {
 #[test]
 fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, l) = (dir.path().join("a"), dir.path().join("l"));
-    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let (a, l) = (reference_run(), dir.path().join("l"));
     let config = write_edited_config(
         dir.path(),
         "l",
@@ -476,8 +492,7 @@ fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
 #[test]
 fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, s) = (dir.path().join("a"), dir.path().join("s"));
-    pipeline(&write_config(dir.path(), "a", &a, 5));
+    let (a, s) = (reference_run(), dir.path().join("s"));
     let edits = [
         ("max_turns: 1}", "max_turns: 1, alone: true}"),
         ("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone, tool_alone]"),

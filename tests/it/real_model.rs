@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::pipeline::sql_rows;
 use crate::support::{repo_root, run};
 
 /// SmolLM2-135M-Instruct as a Hugging Face folder, as scripts/install/models.sh makes it.
@@ -29,11 +30,6 @@ data:
 workflow: {{kind: tool_reasoner, max_turns: 1}}"#,
         data = data.display()
     )
-}
-
-fn sql(run: &Path, query: &str) -> Vec<String> {
-    let csv = crate::pipeline::sql_at(run.to_str().unwrap(), query, "csv");
-    csv.lines().skip(1).map(str::to_owned).collect()
 }
 
 /// Runs a shipped pipeline shrunk to a minute or two, so the shipped configs, data files
@@ -77,14 +73,16 @@ fn assert_on_policy_and_trained(store: &Path, iterations: u32, roles: &[(&str, &
         policies.dedup();
         expected_updates.extend(policies.iter().map(|policy| format!("{k},{policy},true,true")));
     }
-    let turns = sql(
+    let turns = sql_rows(
         store,
         "SELECT iteration, agent, policy, min(policy_version), max(policy_version) FROM turns \
          GROUP BY 1, 2, 3 ORDER BY 1, 2",
     );
     assert_eq!(turns, expected_turns);
-    let updates =
-        sql(store, "SELECT iteration, policy, weights_change > 0, logprob_drift_max < 0.05 FROM updates ORDER BY 1, 2");
+    let updates = sql_rows(
+        store,
+        "SELECT iteration, policy, weights_change > 0, logprob_drift_max < 0.05 FROM updates ORDER BY 1, 2",
+    );
     assert_eq!(updates, expected_updates);
 }
 
@@ -106,7 +104,7 @@ fn shipped_math_lora_pipeline_trains_an_adapter_per_role_of_smollm2() {
     }
     assert_eq!(bases.len(), 1, "{bases:?}");
     assert_on_policy_and_trained(&store, 2, &[("reasoner", "reasoner"), ("tool", "tool")]);
-    let evaluated = sql(&store, "SELECT DISTINCT iteration FROM evals ORDER BY 1");
+    let evaluated = sql_rows(&store, "SELECT DISTINCT iteration FROM evals ORDER BY 1");
     assert_eq!(evaluated, ["0", "2"]);
 }
 
@@ -120,10 +118,10 @@ fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
     );
     assert_on_policy_and_trained(&store, 1, &[("coder", "coder"), ("tester", "tester")]);
     // The coder's programs ran on the hidden tests in the sandbox: each got a verdict.
-    let judged = sql(&store, "SELECT count(*) FROM turns WHERE agent = 'coder' AND feedback <> ''");
+    let judged = sql_rows(&store, "SELECT count(*) FROM turns WHERE agent = 'coder' AND feedback <> ''");
     assert_eq!(judged, ["4"]);
     // Each adapter in its own role and swapped into the other's.
-    let evaluated = sql(&store, "SELECT iteration, mode, count(*) FROM evals GROUP BY 1, 2 ORDER BY 1, 2");
+    let evaluated = sql_rows(&store, "SELECT iteration, mode, count(*) FROM evals GROUP BY 1, 2 ORDER BY 1, 2");
     assert_eq!(evaluated, ["0,multi_agent,2", "0,swapped,2", "1,multi_agent,2", "1,swapped,2"]);
 }
 
@@ -133,9 +131,9 @@ fn shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax() {
     let store = run_shipped(dir.path(), "tic-tac-toe-smollm2.yaml", &["iterations=1"]);
     // Both sides are the one shared adapter, trained once on both sides' turns.
     assert_on_policy_and_trained(&store, 1, &[("player_o", "shared"), ("player_x", "shared")]);
-    let evaluated = sql(&store, "SELECT iteration, count(*) FROM evals GROUP BY 1 ORDER BY 1");
+    let evaluated = sql_rows(&store, "SELECT iteration, count(*) FROM evals GROUP BY 1 ORDER BY 1");
     assert_eq!(evaluated, ["0,2", "1,2"]);
     // The trained policy plays X only; O is the perfect player.
-    let players = sql(&store, "SELECT DISTINCT policies FROM evals ORDER BY 1");
+    let players = sql_rows(&store, "SELECT DISTINCT policies FROM evals ORDER BY 1");
     assert_eq!(players, [r#""player_o=minimax,player_x=shared@v0""#, r#""player_o=minimax,player_x=shared@v1""#]);
 }

@@ -3,19 +3,16 @@
 //! the server, and processes killed in the middle of an upload. Every run is compared
 //! with the same config run by one process on a local folder.
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::pipeline::{content_at, pipeline, sql_at, write_config, write_config_for};
+use crate::pipeline::{content_at, reference_run, sql_at, write_config_for};
 use crate::support::faulty_proxy::{Faults, FaultyProxy};
 use crate::support::{output_of, petting, repo_root, s3_env, s3_server};
 
 /// The reference: the tiny two-iteration config run by one process on a local store.
-fn local_reference(dir: &Path) -> String {
-    let local = dir.join("local");
-    pipeline(&write_config(dir, "local", &local, 5));
-    local.to_str().unwrap().to_string()
+fn local_reference() -> String {
+    reference_run().to_str().unwrap().to_string()
 }
 
 const LOGPROBS: &str = "response_logprobs,";
@@ -40,7 +37,7 @@ fn verify(endpoint: &str, url: &str) {
 fn four_workers_on_s3_write_what_one_local_process_writes() {
     let Some((endpoint, bucket)) = s3_server() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let reference = local_reference(dir.path());
+    let reference = local_reference();
     let url = s3_url(&bucket);
     let config = write_config_for(dir.path(), "s3", &url, 5);
     // Started as deploy/ starts them: worker.sh maps the scheduler's index to --worker I/N.
@@ -87,7 +84,7 @@ fn four_workers_on_s3_write_what_one_local_process_writes() {
 fn transient_s3_errors_are_retried_and_leave_the_same_tables() {
     let Some((endpoint, bucket)) = s3_server() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let reference = local_reference(dir.path());
+    let reference = local_reference();
     let proxy = FaultyProxy::start(&endpoint, Faults { every: 6, delay: Duration::ZERO, lose_create_responses: true });
     let url = s3_url(&bucket);
     let config = write_config_for(dir.path(), "s3", &url, 5);
@@ -104,7 +101,7 @@ fn transient_s3_errors_are_retried_and_leave_the_same_tables() {
 fn processes_killed_mid_upload_leave_nothing_visible_and_resume_to_the_same_tables() {
     let Some((endpoint, bucket)) = s3_server() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let reference = local_reference(dir.path());
+    let reference = local_reference();
     // Every request takes 30 ms longer, so a kill often lands while one is on the wire.
     let proxy = FaultyProxy::start(&endpoint, Faults { delay: Duration::from_millis(30), ..Faults::default() });
     let url = s3_url(&bucket);

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::pipeline::{pipeline, sql_at};
+use crate::pipeline::{pipeline, sql_rows};
 use crate::real_model::math_tasks;
 use crate::support::{free_port, petting, repo_root, run, vllm_server};
 
@@ -16,10 +16,6 @@ fn served_model(untied: bool) -> PathBuf {
         if untied { repo_root().join(".models/smollm2-135m-instruct-untied") } else { crate::real_model::smollm2() };
     assert!(dir.join("model.safetensors").exists(), "scripts/test.sh imports {}", dir.display());
     dir
-}
-
-fn sql(run: &Path, query: &str) -> Vec<String> {
-    sql_at(run.to_str().unwrap(), query, "csv").lines().skip(1).map(str::to_owned).collect()
 }
 
 /// A math run of `iterations` with these policies, agents and `vllm:` section, sampling
@@ -77,7 +73,7 @@ fn lora_roles_sample_through_vllm_with_exactly_their_version() {
 
     // Every row of iteration k: sampled by vLLM with the adapter named for version k and
     // its digest, which is the digest of the checkpoint committed as version k.
-    let rows = sql(
+    let rows = sql_rows(
         &store,
         "SELECT t.iteration, t.policy, count(*), sum(CASE WHEN t.engine = 'vllm' AND t.policy_version = t.iteration \
          AND t.weights_sha256 = c.weights_sha256 AND t.engine_model = t.policy || '-v' || \
@@ -87,12 +83,12 @@ fn lora_roles_sample_through_vllm_with_exactly_their_version() {
     );
     assert_eq!(rows, ["0,reasoner_p,4,4", "0,tool_p,4,4", "1,reasoner_p,4,4", "1,tool_p,4,4"]);
     // The update recomputed every sampled token with tch: the same weights, to float noise.
-    let gaps = sql(
+    let gaps = sql_rows(
         &store,
         "SELECT count(*) > 0, min(engine), max(engine), max(gap_mean) < 1e-3, max(gap_max) < 1e-2 FROM logprob_gaps",
     );
     assert_eq!(gaps, ["true,vllm,vllm,true,true"]);
-    let evaluated = sql(&store, "SELECT DISTINCT iteration FROM evals ORDER BY 1");
+    let evaluated = sql_rows(&store, "SELECT DISTINCT iteration FROM evals ORDER BY 1");
     assert_eq!(evaluated, ["2"]);
 }
 
@@ -109,7 +105,7 @@ fn a_server_that_does_not_hold_the_version_is_refused() {
     assert!(stderr.contains("vllm.load_weights: false"), "{stderr}");
     let store = dir.path().join("run");
     let committed =
-        sql(&store, "SELECT stage, iteration FROM commits WHERE stage IN ('rollout', 'evaluate') ORDER BY 1");
+        sql_rows(&store, "SELECT stage, iteration FROM commits WHERE stage IN ('rollout', 'evaluate') ORDER BY 1");
     assert_eq!(committed, ["rollout,0"], "v0 was sampled; nothing was evaluated with the wrong weights");
 }
 
@@ -127,10 +123,10 @@ fn a_server_that_kept_the_previous_version_is_refused_at_a_realistic_learning_ra
     assert!(!ok, "{stdout}");
     assert!(stderr.contains("does not hold v1 of \"shared\": the fingerprint of its weights"), "{stderr}");
     let store = dir.path().join("run");
-    let moved = sql(&store, "SELECT max(weights_change) < 1e-5, min(weights_change) > 0 FROM updates");
+    let moved = sql_rows(&store, "SELECT max(weights_change) < 1e-5, min(weights_change) > 0 FROM updates");
     assert_eq!(moved, ["true,true"], "a realistic step, and a real one");
     let committed =
-        sql(&store, "SELECT stage, iteration FROM commits WHERE stage IN ('rollout', 'evaluate') ORDER BY 1");
+        sql_rows(&store, "SELECT stage, iteration FROM commits WHERE stage IN ('rollout', 'evaluate') ORDER BY 1");
     assert_eq!(committed, ["rollout,0"], "v0's fingerprint matched; v1 was never evaluated on v0's weights");
 }
 
@@ -165,19 +161,19 @@ fn a_started_server_reloads_full_weights_by_path_and_a_killed_one_resumes() {
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("vLLM server at http://127.0.0.1:{port}")), "{stderr}");
     assert!(stderr.contains("_logs/vllm-"), "the message names the server's log: {stderr}");
-    let committed = sql(&store, "SELECT count(*) FROM commits WHERE stage = 'rollout'");
+    let committed = sql_rows(&store, "SELECT count(*) FROM commits WHERE stage = 'rollout'");
     assert_eq!(committed, ["0"], "nothing of the failed rollout is visible");
 
     // The rerun starts a new server and resumes; v1 (the decayed weights) is reloaded by
     // path before the final evaluation, or its probe would refuse as in the test above.
     pipeline(config.to_str().unwrap());
-    let rows = sql(&store, "SELECT DISTINCT engine, engine_model FROM turns");
+    let rows = sql_rows(&store, "SELECT DISTINCT engine, engine_model FROM turns");
     assert_eq!(rows, ["vllm,smollm2"]);
-    let moved = sql(&store, "SELECT max(weights_change) > 0.05 FROM updates WHERE mode = 'ppo'");
+    let moved = sql_rows(&store, "SELECT max(weights_change) > 0.05 FROM updates WHERE mode = 'ppo'");
     assert_eq!(moved, ["true"]);
-    let gaps = sql(&store, "SELECT max(gap_mean) < 1e-3 FROM logprob_gaps");
+    let gaps = sql_rows(&store, "SELECT max(gap_mean) < 1e-3 FROM logprob_gaps");
     assert_eq!(gaps, ["true"]);
-    let evaluated = sql(&store, "SELECT DISTINCT iteration FROM evals");
+    let evaluated = sql_rows(&store, "SELECT DISTINCT iteration FROM evals");
     assert_eq!(evaluated, ["1"]);
 }
 
