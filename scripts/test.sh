@@ -41,7 +41,7 @@ eval "$(scripts/servers/vllm.sh start)"
 XDG_CACHE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/petting-test-cache.XXXXXX")"
 export XDG_CACHE_HOME
 trap 'scripts/servers/s3.sh stop; scripts/servers/vllm.sh stop; rm -rf "$XDG_CACHE_HOME"' EXIT
-export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1
+export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1 PETTING_FULL_SUITE=1
 
 status=0
 cargo test --locked "$@" || status=$?

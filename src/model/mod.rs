@@ -28,8 +28,8 @@ mod kv_cache;
 mod lora;
 mod policy;
 mod sampler;
+mod score;
 mod tokenizer;
-mod train;
 pub mod trainer;
 mod weights;
 
@@ -49,8 +49,8 @@ pub use kv_cache::KvCache;
 pub use lora::{ALL_LINEAR, LoraConfig};
 pub use policy::{LoadOptions, Policy};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
+pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;
-pub use train::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use trainer::{OptimizerConfig, PpoClip, StepResult, Trainer};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,

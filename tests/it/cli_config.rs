@@ -7,6 +7,9 @@ use crate::support::{repo_root, run};
 /// Valid, with its data files and model folders (scripts/install/models.sh makes those).
 #[test]
 fn every_shipped_pipeline_is_valid() {
+    if !crate::support::full_suite("every_shipped_pipeline_is_valid") {
+        return;
+    }
     let mut checked = 0;
     for entry in std::fs::read_dir(repo_root().join("pipelines")).unwrap() {
         let path = entry.unwrap().path();
@@ -21,6 +24,9 @@ fn every_shipped_pipeline_is_valid() {
 
 #[test]
 fn config_check_checks_the_variant_its_set_keys_make() {
+    if !crate::support::full_suite("config_check_checks_the_variant_its_set_keys_make") {
+        return;
+    }
     let path = repo_root().join("pipelines/math.yaml");
     let path = path.to_str().unwrap();
     let (ok, stdout, stderr) = run(&["config", "check", path, "--set", "iterations=3"]);

@@ -88,6 +88,9 @@ fn assert_on_policy_and_trained(store: &Path, iterations: u32, roles: &[(&str, &
 
 #[test]
 fn shipped_math_lora_pipeline_trains_an_adapter_per_role_of_smollm2() {
+    if !crate::support::full_suite("shipped_math_lora_pipeline_trains_an_adapter_per_role_of_smollm2") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let store = run_shipped(
         dir.path(),
@@ -110,6 +113,9 @@ fn shipped_math_lora_pipeline_trains_an_adapter_per_role_of_smollm2() {
 
 #[test]
 fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
+    if !crate::support::full_suite("shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let store = run_shipped(
         dir.path(),
@@ -127,6 +133,9 @@ fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
 
 #[test]
 fn shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax() {
+    if !crate::support::full_suite("shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let store = run_shipped(dir.path(), "tic-tac-toe-smollm2.yaml", &["iterations=1"]);
     // Both sides are the one shared adapter, trained once on both sides' turns.

@@ -37,6 +37,17 @@ pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures").join(name)
 }
 
+/// Whether the tests that need what scripts/test.sh installs (the real models, the Python
+/// tools) run. scripts/test.sh sets PETTING_FULL_SUITE; plain `cargo test`, the quick
+/// tier, skips them and says so.
+pub fn full_suite(test: &str) -> bool {
+    let full = std::env::var_os("PETTING_FULL_SUITE").is_some();
+    if !full {
+        eprintln!("{test}: needs the real models and Python tools of scripts/test.sh: skipped");
+    }
+    full
+}
+
 /// The S3-compatible test server that scripts/test.sh starts, if any: (endpoint, bucket).
 /// With PETTING_REQUIRE_S3 set (scripts/test.sh sets it), a missing server fails the test.
 pub fn s3_server() -> Option<(String, String)> {
