@@ -31,7 +31,7 @@ row() {
         --set evaluation.at_start=false --set evaluation.tasks=1
         --set "policies.shared.model=$PWD/checkpoints/$model" --set "policies.shared.dtype=$trainer_dtype")
     # bf16 logprobs are ~0.06 apart on the engine's weight probe (measured), more than
-    # the default update.max_logprob_drift of 0.05 that the probe and the update allow.
+    # the default vllm.probe_tolerance and update.max_logprob_drift of 0.05.
     [[ $sampler_dtype == float32 && $trainer_dtype == f32 ]] || args+=(--set update.max_logprob_drift=0.5)
     local server=""
     if [[ $sampler == vllm ]]; then
@@ -43,6 +43,7 @@ row() {
             sleep 2
         done
         args+=(--set rollout.engine=vllm --set "vllm.url=http://127.0.0.1:$port" --set vllm.load_weights=false)
+        [[ $sampler_dtype == float32 && $trainer_dtype == f32 ]] || args+=(--set vllm.probe_tolerance=0.5)
     fi
     # The server stops before the update: a 0.5B model's full fine-tuning and a vLLM
     # server holding it do not fit in 24 GiB together.

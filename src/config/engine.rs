@@ -54,6 +54,12 @@ pub struct VllmConfig {
     /// them, and the probe still checks that it does.
     #[serde(default = "default_true")]
     pub load_weights: bool,
+    /// Largest mean |Δ logprob| between the server and petting's copy of the same weights
+    /// on the probe each stage scores before it samples; more, and the stage refuses. A
+    /// server in bf16 probed against float32 weights needs more than the default (0.06 was
+    /// measured at v0 of SmolLM2-135M).
+    #[serde(default = "default_probe_tolerance")]
+    pub probe_tolerance: f64,
 }
 
 fn default_startup_timeout() -> u64 {
@@ -67,6 +73,9 @@ fn default_concurrency() -> usize {
 }
 fn default_true() -> bool {
     true
+}
+fn default_probe_tolerance() -> f64 {
+    0.05
 }
 
 impl VllmConfig {
@@ -84,6 +93,11 @@ impl VllmConfig {
         )?;
         check(self.startup_timeout_seconds >= 1, "vllm.startup_timeout_seconds", "must be at least 1")?;
         check(self.request_timeout_seconds >= 1, "vllm.request_timeout_seconds", "must be at least 1")?;
-        check(self.max_concurrent_requests >= 1, "vllm.max_concurrent_requests", "must be at least 1")
+        check(self.max_concurrent_requests >= 1, "vllm.max_concurrent_requests", "must be at least 1")?;
+        check(
+            self.probe_tolerance > 0.0 && self.probe_tolerance.is_finite(),
+            "vllm.probe_tolerance",
+            "must be a positive mean logprob gap, e.g. 0.05",
+        )
     }
 }

@@ -23,6 +23,9 @@ pub struct EvaluationConfig {
     pub modes: Vec<EvalMode>,
     /// Sampling settings; greedy by default.
     pub sampling: SamplingConfig,
+    /// Longest prompt (chat template applied) an evaluation may send, as
+    /// `rollout.max_prompt_tokens` for the rollout; a longer one fails the stage.
+    pub max_prompt_tokens: u32,
     /// Memory for the sampler's key/value caches, GiB, as `rollout.kv_cache_gib`.
     pub kv_cache_gib: Option<f64>,
     /// Who samples, as `rollout.engine`.
@@ -38,6 +41,7 @@ impl Default for EvaluationConfig {
             samples: 1,
             modes: vec![EvalMode::MultiAgent],
             sampling: SamplingConfig::greedy(),
+            max_prompt_tokens: 4096,
             kv_cache_gib: None,
             engine: EngineKind::Tch,
         }
@@ -72,6 +76,7 @@ impl EvaluationConfig {
         )?;
         check(self.samples >= 1, "evaluation.samples", "must be at least 1")?;
         check(!self.modes.is_empty(), "evaluation.modes", "must name at least one mode")?;
+        check(self.max_prompt_tokens >= 1, "evaluation.max_prompt_tokens", "must be at least 1")?;
         super::rollout::check_kv_cache_gib(self.kv_cache_gib, "evaluation.kv_cache_gib")?;
         self.sampling.validate("evaluation.sampling")
     }

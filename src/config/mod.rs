@@ -5,8 +5,9 @@
 //! else of the run file (`env` in `envs`, `workflow` in `workflows`, `algorithm` in
 //! `algo`, model settings in `model`); the sections of the modules that are handed the
 //! whole run config (the stages, `policies`, the sampling `engine`) live here, one file
-//! each, so that `config` imports none of them. A value one section takes from another
-//! is resolved here, in validation, and read by the stage from its own section.
+//! each, so that `config` imports none of them. A stage reads its own section; a value
+//! that spans sections (the behaviour temperature and the loss aggregation the update
+//! takes from the rollout's sampling) is a method of [`RunConfig`], here.
 //!
 //! Unknown keys and wrong types are errors naming the file, the key path and what is
 //! allowed; each section checks its own values and [`RunConfig::validate`] the rules
@@ -565,6 +566,21 @@ impl RunConfig {
             let trimmed = self.store.trim_end_matches('/');
             trimmed.rsplit('/').next().unwrap_or(trimmed).to_string()
         })
+    }
+
+    /// The temperature the rollout's samples were drawn at, which the trainer's logprobs
+    /// must use to be the behaviour policy's (a greedy rollout's are at temperature 1).
+    pub fn behaviour_temperature(&self) -> f64 {
+        match self.rollout.sampling.temperature {
+            t if t > 0.0 => t,
+            _ => 1.0,
+        }
+    }
+
+    /// How the update turns token losses into a loss: the estimator's aggregation, whose
+    /// Dr.GRPO normaliser is the longest response the rollout can sample.
+    pub fn loss_aggregation(&self) -> crate::algo::loss::Aggregation {
+        self.algorithm.name.aggregation(self.rollout.sampling.max_new_tokens)
     }
 
     /// sha256 of the resolved config (defaults filled in), so formatting and comments

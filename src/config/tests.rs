@@ -234,3 +234,22 @@ fn f16_training_is_refused_on_every_device() {
     }
     assert!(overridden(&["policies.shared.dtype=bf16"]).is_ok());
 }
+
+#[test]
+fn the_vllm_probe_has_a_tolerance_of_its_own() {
+    let vllm = ["vllm.url=http://127.0.0.1:8000", "rollout.engine=vllm"];
+    let config = overridden(&vllm).unwrap();
+    assert_eq!(config.vllm.as_ref().map(|v| v.probe_tolerance), Some(0.05));
+    let loose = overridden(&[vllm[0], vllm[1], "vllm.probe_tolerance=0.5", "update.max_logprob_drift=0.01"]).unwrap();
+    assert_eq!((loose.vllm.unwrap().probe_tolerance, loose.update.max_logprob_drift), (0.5, 0.01));
+    let message = overridden(&[vllm[0], vllm[1], "vllm.probe_tolerance=0"]).unwrap_err().to_string();
+    assert!(message.starts_with("it.yaml: vllm.probe_tolerance: must be a positive"), "{message}");
+}
+
+#[test]
+fn evaluation_has_a_prompt_limit_of_its_own() {
+    let config = overridden(&["rollout.max_prompt_tokens=512"]).unwrap();
+    assert_eq!((config.rollout.max_prompt_tokens, config.evaluation.max_prompt_tokens), (512, 4096));
+    let message = overridden(&["evaluation.max_prompt_tokens=0"]).unwrap_err().to_string();
+    assert!(message.starts_with("it.yaml: evaluation.max_prompt_tokens: must be at least 1"), "{message}");
+}

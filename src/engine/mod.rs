@@ -100,9 +100,7 @@ pub enum Error {
     #[error("cannot start the vLLM server ({command}): {reason}{log}")]
     Start { command: String, reason: String, log: LogHint },
 
-    #[error(
-        "the vLLM server does not hold v{version} of {policy:?}: {probe}, more than update.max_logprob_drift; {hint}"
-    )]
+    #[error("the vLLM server does not hold v{version} of {policy:?}: {probe}, more than vllm.probe_tolerance; {hint}")]
     WrongWeights { policy: String, version: u32, probe: String, hint: &'static str },
 
     #[error(

@@ -50,8 +50,7 @@ impl StageEngine {
             });
         }
         let views = policies::cache_root().join("vllm");
-        let limit = config.update.max_logprob_drift;
-        let served = super::sync::serve(&client, vllm, &checkpoints, loaded, &views, limit).await?;
+        let served = super::sync::serve(&client, vllm, &checkpoints, loaded, &views).await?;
         Ok(StageEngine::Vllm { client, served, max_concurrent_requests: vllm.max_concurrent_requests })
     }
 

@@ -8,7 +8,7 @@
 //!  full weights    reload_weights from the committed checkpoint, prefix cache reset;
 //!                  the server's fingerprint of what it holds must be the checkpoint's
 //!  then, for each  probe: one fixed prompt scored by the server and by the committed
-//!                  weights in tch; a mean gap above update.max_logprob_drift is an error
+//!                  weights in tch; a mean gap above vllm.probe_tolerance is an error
 //! ```
 //!
 //! The server reads the weights from a folder on its own disk: a folder of links to the
@@ -64,15 +64,14 @@ impl Served {
 }
 
 /// Loads `checkpoints` into the server (unless `config.load_weights` is false) and
-/// probes each against the loaded tch weights; `limit` is the largest mean logprob gap
-/// accepted. `views` is where the folders the server reads are made.
+/// probes each against the loaded tch weights (`config.probe_tolerance` is the largest
+/// mean logprob gap accepted). `views` is where the folders the server reads are made.
 pub async fn serve(
     client: &VllmClient,
     config: &VllmConfig,
     checkpoints: &[Checkpoint],
     loaded: &mut LoadedPolicies,
     views: &Path,
-    limit: f64,
 ) -> Result<Served, Error> {
     let full: Vec<&Checkpoint> = checkpoints.iter().filter(|c| !c.lora).collect();
     if full.len() > 1 || (!full.is_empty() && full.len() != checkpoints.len()) {
@@ -110,7 +109,8 @@ pub async fn serve(
         if !checkpoint.lora {
             check_fingerprint(client, checkpoint, config.load_weights).await?;
         }
-        probe(client, checkpoint, &served.names[&checkpoint.policy], loaded, limit, config.load_weights).await?;
+        let name = &served.names[&checkpoint.policy];
+        probe(client, checkpoint, name, loaded, config.probe_tolerance, config.load_weights).await?;
     }
     Ok(served)
 }

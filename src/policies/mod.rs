@@ -1,5 +1,5 @@
-//! The trainable policies: their config (`policies:`), and the one place that turns
-//! store checkpoints into [`Policy`] values and back.
+//! The trainable policies: the one place that turns store checkpoints into [`Policy`]
+//! values and back (their section of the run file, `policies:`, is in `config`).
 //!
 //! ```text
 //!  _commits/…/update.json ─ checkpoints: [{policy, version, dir, weights_sha256}]

@@ -70,14 +70,14 @@ pub async fn run(
         let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, skipped, .. } =
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
-                    let max_prompt = config.rollout.max_prompt_tokens as usize;
+                    let max_prompt = evaluation.max_prompt_tokens as usize;
                     let mut responder = engine.responder(&mut loaded, &evaluation.sampling, max_prompt);
                     play::play(&games, &setup, responder.as_mut(), &sandbox, progress)
                 })
             })
             .map_err(|e| {
                 let knob = "a smaller evaluation.tasks, a shard per worker (--worker), or shorter prompts \
-                            (rollout.max_prompt_tokens, evaluation.sampling.max_new_tokens)";
+                            (evaluation.max_prompt_tokens, evaluation.sampling.max_new_tokens)";
                 Error::from(e).out_of_memory_in(stage, None, knob)
             })?;
         model_seconds += model;

@@ -169,15 +169,6 @@ pub async fn run(
     Ok(marker)
 }
 
-/// The temperature the rollout's samples were drawn at, which the trainer's logprobs
-/// must use to be the behaviour policy's (a greedy rollout's are at temperature 1).
-fn scoring_temperature(config: &RunConfig) -> f64 {
-    match config.rollout.sampling.temperature {
-        t if t > 0.0 => t,
-        _ => 1.0,
-    }
-}
-
 /// What a PPO update of one policy runs with.
 struct PpoSettings<'a> {
     name: String,
@@ -209,11 +200,11 @@ impl PpoSettings<'_> {
             iterations: config.iterations,
             epochs: update.epochs,
             mini_batch: update.mini_batch_sequences.max(1) as usize,
-            micro: MicroBatching { temperature: scoring_temperature(config), ..micro_batching(update, policy) },
+            micro: MicroBatching { temperature: config.behaviour_temperature(), ..micro_batching(update, policy) },
             grad_clip: update.grad_clip,
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,
-                aggregation: algorithm.name.aggregation(config.rollout.sampling.max_new_tokens),
+                aggregation: config.loss_aggregation(),
                 importance_cap: update.truncated_importance_ratio,
             },
             max_drift: update.max_logprob_drift,
