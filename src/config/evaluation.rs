@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::SamplingConfig;
 use crate::validate::{Invalid, check};
 
-use super::EngineKind;
+use super::{EngineKind, OverlongPrompt};
 
 /// `evaluation:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,8 +24,11 @@ pub struct EvaluationConfig {
     /// Sampling settings; greedy by default.
     pub sampling: SamplingConfig,
     /// Longest prompt (chat template applied) an evaluation may send, as
-    /// `rollout.max_prompt_tokens` for the rollout; a longer one fails the stage.
+    /// `rollout.max_prompt_tokens` for the rollout; a longer one is never cut.
     pub max_prompt_tokens: u32,
+    /// A prompt longer than `max_prompt_tokens`: error (the stage fails, naming the
+    /// limit) or skip (its task is left out of the evaluation, and the commit lists it).
+    pub overlong_prompt: OverlongPrompt,
     /// Memory for the sampler's key/value caches, GiB, as `rollout.kv_cache_gib`.
     pub kv_cache_gib: Option<f64>,
     /// Who samples, as `rollout.engine`.
@@ -42,6 +45,7 @@ impl Default for EvaluationConfig {
             modes: vec![EvalMode::MultiAgent],
             sampling: SamplingConfig::greedy(),
             max_prompt_tokens: 4096,
+            overlong_prompt: OverlongPrompt::Error,
             kv_cache_gib: None,
             engine: EngineKind::Tch,
         }

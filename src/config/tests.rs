@@ -248,8 +248,12 @@ fn the_vllm_probe_has_a_tolerance_of_its_own() {
 
 #[test]
 fn evaluation_has_a_prompt_limit_of_its_own() {
-    let config = overridden(&["rollout.max_prompt_tokens=512"]).unwrap();
+    let config = overridden(&["rollout.max_prompt_tokens=512", "rollout.overlong_prompt=skip"]).unwrap();
     assert_eq!((config.rollout.max_prompt_tokens, config.evaluation.max_prompt_tokens), (512, 4096));
+    assert_eq!(
+        (config.rollout.overlong_prompt, config.evaluation.overlong_prompt),
+        (OverlongPrompt::Skip, OverlongPrompt::Error)
+    );
     let message = overridden(&["evaluation.max_prompt_tokens=0"]).unwrap_err().to_string();
     assert!(message.starts_with("it.yaml: evaluation.max_prompt_tokens: must be at least 1"), "{message}");
 }

@@ -143,7 +143,7 @@ fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> S
         policies,
         branching: Branching::Independent { episodes: config.evaluation.samples.max(1) },
         seed_keys: vec![config.seed, iteration as u64, Key::EVALUATE, mode_key],
-        overlong_prompt: config.rollout.overlong_prompt,
+        overlong_prompt: config.evaluation.overlong_prompt,
     }
 }
 
