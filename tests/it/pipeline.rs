@@ -74,19 +74,31 @@ pub(crate) fn sql_at(run: &str, query: &str, format: &str) -> String {
     csv
 }
 
-/// The tiny config with seed 5, run once per test binary: the source of the forks and the
-/// twin of the runs that must write the same tables. Tests read it, never write to it.
-pub(crate) fn reference_run() -> PathBuf {
-    static RUN: OnceLock<PathBuf> = OnceLock::new();
-    RUN.get_or_init(|| {
+/// The tiny config with seed 5, run once per test binary: the run most tests check, the
+/// source of the forks and the twin of the runs that must write the same tables. Tests
+/// read it, never write to it.
+pub(crate) struct Reference {
+    pub run: PathBuf,
+    /// Its config file, and what `pipeline run` printed while making it.
+    pub config: String,
+    pub stdout: String,
+}
+
+pub(crate) fn reference() -> &'static Reference {
+    static REFERENCE: OnceLock<Reference> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reference-run");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let run = dir.join("a");
-        pipeline(&write_config(&dir, "a", &run, 5));
-        run
+        let config = write_config(&dir, "a", &run, 5);
+        let stdout = pipeline(&config);
+        Reference { run, config, stdout }
     })
-    .clone()
+}
+
+pub(crate) fn reference_run() -> PathBuf {
+    reference().run.clone()
 }
 
 pub(crate) fn pipeline(config: &str) -> String {
@@ -132,24 +144,30 @@ pub(crate) fn content_at(run: &str, logprobs: &str, filter: &str) -> String {
 }
 
 #[test]
-fn two_iterations_keep_groups_versions_paths_and_routing_right() {
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let config = write_config(dir.path(), "tiny", &run_dir, 3);
-    let stdout = pipeline(&config);
+fn two_iterations_run_and_say_their_rewards() {
+    let stdout = &reference().stdout;
     assert!(stdout.contains("iteration 1: reward"), "{stdout}");
+}
 
-    // Every AT-GRPO group has K members with one prompt.
+#[test]
+fn every_at_grpo_group_has_k_members_with_one_prompt() {
     let groups = sql(
-        &run_dir,
+        &reference_run(),
         "select count(*) as n from (select task_id, agent, turn, iteration, count(*) as k, \
          count(distinct prompt_text) as prompts from turns group by task_id, agent, turn, iteration) \
          where k <> 3 or prompts <> 1",
     );
     assert_eq!(groups, "n\n0\n");
-    // Strict on-policy: iteration k samples with version k.
-    assert_eq!(sql(&run_dir, "select count(*) as n from turns where policy_version <> iteration"), "n\n0\n");
-    // One selected candidate per step, each continuing the previous selected node.
+}
+
+#[test]
+fn iteration_k_samples_with_version_k() {
+    assert_eq!(sql(&reference_run(), "select count(*) as n from turns where policy_version <> iteration"), "n\n0\n");
+}
+
+#[test]
+fn each_step_selects_one_candidate_which_the_next_step_continues() {
+    let run_dir = reference_run();
     assert_eq!(
         sql(
             &run_dir,
@@ -167,17 +185,24 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
         ),
         "n\n0\n"
     );
-    // Advantages sum to ~0 in every non-degenerate group.
+}
+
+#[test]
+fn advantages_sum_to_zero_in_every_non_degenerate_group() {
     assert_eq!(
         sql(
-            &run_dir,
+            &reference_run(),
             "select count(*) as n from (select s.group_id, sum(s.advantage) as a from samples s join groups g \
              on s.group_id = g.group_id and s.iteration = g.iteration where not g.degenerate group by s.group_id) \
              where abs(a) > 1e-6"
         ),
         "n\n0\n"
     );
-    // Each policy trained on its own agent's samples only.
+}
+
+#[test]
+fn each_policy_trains_on_its_own_agents_samples_only() {
+    let run_dir = reference_run();
     assert_eq!(
         sql(&run_dir, "select distinct agent, policy from samples order by agent"),
         "agent,policy\nplanner,pilot\ntool,coder\n"
@@ -190,34 +215,68 @@ fn two_iterations_keep_groups_versions_paths_and_routing_right() {
     let routed =
         sql(&run_dir, "select policy, iteration, count(*) as n from samples group by policy, iteration order by 1, 2");
     assert_eq!(trained, routed);
-    // Both modes were evaluated for v0, v1 and v2.
+}
+
+#[test]
+fn both_modes_are_evaluated_for_every_version() {
     assert_eq!(
-        sql(&run_dir, "select iteration, mode, count(*) as n from evals group by iteration, mode order by 1, 2"),
+        sql(
+            &reference_run(),
+            "select iteration, mode, count(*) as n from evals group by iteration, mode order by 1, 2"
+        ),
         "iteration,mode,n\n0,multi_agent,4\n0,single_agent,4\n1,multi_agent,4\n1,single_agent,4\n\
          2,multi_agent,4\n2,single_agent,4\n"
     );
+}
 
-    // Model and sandbox time are parts of each stage's wall time.
-    assert!(stdout.contains("s in stages: model "), "{stdout}");
+#[test]
+fn model_and_sandbox_time_are_parts_of_each_stages_wall_time() {
+    assert!(reference().stdout.contains("s in stages: model "), "{}", reference().stdout);
     assert_eq!(
         sql(
-            &run_dir,
+            &reference_run(),
             "select count(*) as n from commits where iteration is not null and stage in ('rollout', 'update', 'evaluate') \
              and (model_seconds <= 0 or sandbox_seconds < 0 or model_seconds + sandbox_seconds > seconds)"
         ),
         "n\n0\n"
     );
-    shows_the_tree_of_a_task(&run_dir);
-    the_readme_queries_run(&run_dir);
-    exports_the_selected_turns_as_transcripts(&run_dir, dir.path());
-    reports_the_run(&run_dir, &dir.path().join("report"));
-    compares_the_run(&run_dir, &dir.path().join("comparison"));
+}
 
-    // Running it again finds everything committed and changes nothing.
-    let before = content(&run_dir);
-    let again = pipeline(&config);
+#[test]
+fn show_renders_the_tree_of_a_task() {
+    shows_the_tree_of_a_task(&reference_run());
+}
+
+#[test]
+fn the_readme_queries_run_on_a_real_run() {
+    the_readme_queries_run(&reference_run());
+}
+
+#[test]
+fn export_writes_the_selected_turns_as_transcripts() {
+    let dir = tempfile::tempdir().unwrap();
+    exports_the_selected_turns_as_transcripts(&reference_run(), dir.path());
+}
+
+#[test]
+fn report_draws_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    reports_the_run(&reference_run(), &dir.path().join("report"));
+}
+
+#[test]
+fn compare_tabulates_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    compares_the_run(&reference_run(), &dir.path().join("comparison"));
+}
+
+#[test]
+fn running_a_finished_run_again_changes_nothing() {
+    let reference = reference();
+    let before = content(&reference.run);
+    let again = pipeline(&reference.config);
     assert!(again.contains("resuming"), "{again}");
-    assert_eq!(content(&run_dir), before);
+    assert_eq!(content(&reference.run), before);
 }
 
 /// Every `petting sql runs/plan-path "…"` example of the README runs on a real run.
