@@ -92,7 +92,8 @@ pub fn s3_run_store() -> Option<petting::store::RunStore> {
 
 /// A single-threaded runtime for tests that call the async library directly.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(future)
+    // Multi-threaded, as the binary's: stages train and sample under block_in_place.
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap().block_on(future)
 }
 
 /// The vLLM test server that scripts/test.sh starts, once it answers /health (it takes

@@ -73,7 +73,9 @@ pub async fn initialise(
                     let knob = super::memory_knob(&config.update);
                     rows.extend(
                         phase(progress, &label, u64::from(warm.steps), "steps", || {
-                            warm_start::train(&mut policy, name, &examples, config, progress)
+                            tokio::task::block_in_place(|| {
+                                warm_start::train(&mut policy, name, &examples, config, progress)
+                            })
                         })
                         .map_err(|e| e.out_of_memory_in(stage, Some(name), &knob))?,
                     );

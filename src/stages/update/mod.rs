@@ -142,7 +142,7 @@ pub async fn run(
         let started = Instant::now();
         let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
         let (trained, optimizer) = phase(progress, &label, steps, "steps", || {
-            train_ppo(policy, adapter.as_deref(), &set, &settings, optimizer, progress)
+            tokio::task::block_in_place(|| train_ppo(policy, adapter.as_deref(), &set, &settings, optimizer, progress))
         })
         .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &memory_knob(&config.update)))?;
         rows.extend(trained.steps);
