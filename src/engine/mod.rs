@@ -31,7 +31,7 @@ pub mod sync;
 use crate::config::EngineKind;
 
 pub use client::VllmClient;
-pub use responder::{ModelResponder, VllmResponder};
+use responder::{ModelResponder, VllmResponder};
 pub use server::{ManagedServer, ServerSlot};
 pub use stage::StageEngine;
 pub use sync::Served;
