@@ -70,7 +70,7 @@ pub async fn initialise(
                     let examples = warm_start::examples(&policy, config, name, &demos)?;
                     let started = Instant::now();
                     let label = format!("warm start {name}");
-                    let knob = super::memory_knob(&config.update);
+                    let knob = super::memory::memory_knob(&config.update);
                     rows.extend(
                         phase(progress, &label, u64::from(warm.steps), "steps", || {
                             tokio::task::block_in_place(|| {

@@ -66,7 +66,7 @@ pub(super) fn train(
         }
         order.extend(permutation(examples.len(), stream(&[seed, cycle])));
     }
-    let micro = super::micro_batching(&config.update, policy);
+    let micro = super::memory::micro_batching(&config.update, policy);
     let mut trainer = Trainer::new(policy, None, &warm.optimizer, config.update.grad_clip, None)?;
     let mut rows = Vec::with_capacity(steps);
     for step in 0..steps {

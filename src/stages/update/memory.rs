@@ -1,0 +1,27 @@
+//! How an update's training fits in memory: micro-batches, and what helps when it does not.
+
+use crate::config::{Checkpointing, UpdateConfig};
+use crate::model::{MicroBatching, Policy};
+
+/// What helps an update's training step that runs out of memory.
+pub(super) fn memory_knob(update: &UpdateConfig) -> String {
+    format!(
+        "a smaller update.micro_batch_tokens (now {}) or update.gradient_checkpointing: true",
+        update.micro_batch_tokens
+    )
+}
+
+/// How `policy` trains in an update: micro-batches of `micro_batch_tokens`, checkpointed as
+/// configured or as the model needs.
+pub(super) fn micro_batching(update: &UpdateConfig, policy: &Policy) -> MicroBatching {
+    let tokens = update.micro_batch_tokens as usize;
+    let checkpointing = match update.gradient_checkpointing {
+        Checkpointing::On => true,
+        Checkpointing::Off => false,
+        Checkpointing::Auto => policy.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
+    };
+    MicroBatching { share_prefix: update.share_prefix, ..MicroBatching::new(tokens, checkpointing) }
+}
+
+/// Activations of one micro-batch above which `gradient_checkpointing: auto` turns it on.
+const AUTO_CHECKPOINTING_BYTES: u64 = 4 << 30;
