@@ -22,7 +22,7 @@
 //!   time: the GPU workload (`--device cuda --dtype bf16 --config
 //!   benches/configs/qwen3-1.7b.config.json`; `scripts/bench/decode_hf.py` is the other side).
 //!
-//! Random weights from the bench configs (`Policy::scratch`, seed 0; `--config` for another
+//! Random weights from the bench configs (`LanguageModel::scratch`, seed 0; `--config` for another
 //! shape), float32 on CPU unless `--dtype`, 2 threads.
 //! One warm-up and 5 timed reps (`--reps`); a rep of ≥ 0.25 s during which other processes
 //! used ≥ 0.30 cores is discarded and redone, as the anchors do. One JSON line per run is
@@ -35,8 +35,8 @@ use std::time::Instant;
 
 use petting::algo::loss::Aggregation;
 use petting::model::{
-    ChatMessage, DType, Device, GenerationRequest, GenerationSettings, GenerationStats, LoadOptions, MicroBatching,
-    ModelConfig, OptimizerConfig, Policy, PpoClip, Sampling, SaveAs, ScoreRequest, TemplateOptions, Trainer,
+    ChatMessage, DType, Device, GenerationRequest, GenerationSettings, GenerationStats, LanguageModel, LoadOptions,
+    MicroBatching, ModelConfig, OptimizerConfig, PpoClip, Sampling, SaveAs, ScoreRequest, TemplateOptions, Trainer,
 };
 use tch::Kind;
 use tch::nn::OptimizerConfig as _;
@@ -192,13 +192,13 @@ fn main() {
     args.device.check_available().unwrap();
     let options = LoadOptions { device: args.device, dtype: args.dtype };
     let mut policy = match &args.model_dir {
-        Some(dir) => Policy::load(std::path::Path::new(dir), &options).unwrap(),
+        Some(dir) => LanguageModel::load(std::path::Path::new(dir), &options).unwrap(),
         None => {
             let config_path = args.config.clone().map(std::path::PathBuf::from).unwrap_or_else(|| {
                 std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                     .join(format!("tests/fixtures/model-configs/{}.config.json", args.model))
             });
-            Policy::scratch(ModelConfig::from_file(&config_path).unwrap(), 0, &options).unwrap()
+            LanguageModel::scratch(ModelConfig::from_file(&config_path).unwrap(), 0, &options).unwrap()
         }
     };
     let vocab = policy.config().vocab_size;
@@ -327,7 +327,7 @@ fn main() {
                 })
             } else {
                 measure(args.reps, &mut || {
-                    drop(Policy::load(out.path(), &options).unwrap());
+                    drop(LanguageModel::load(out.path(), &options).unwrap());
                 })
             }
         }
@@ -385,7 +385,7 @@ const GRPO_COMPLETION: usize = 64;
 
 /// One GRPO step on `policy`, as a closure to time: sample, reward, advantages, old
 /// logprobs, one PPO-clip step.
-fn grpo_step(policy: &mut Policy) -> impl FnMut() + '_ {
+fn grpo_step(policy: &mut LanguageModel) -> impl FnMut() + '_ {
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/math/gsm_symbolic.jsonl");
     let text = std::fs::read_to_string(data).unwrap();
     let options = TemplateOptions { add_generation_prompt: true, ..Default::default() };

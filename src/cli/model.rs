@@ -5,8 +5,8 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use petting::model::{
-    ChatMessage, GenerationRequest, GenerationSettings, LoadOptions, ModelConfig, Policy, Sampling, ScoreRequest,
-    TemplateOptions, gguf,
+    ChatMessage, GenerationRequest, GenerationSettings, LanguageModel, LoadOptions, ModelConfig, Sampling,
+    ScoreRequest, TemplateOptions, gguf,
 };
 use petting::model::{DType, Device};
 use serde_json::{Value, json};
@@ -18,12 +18,12 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> anyhow::Resu
     serde_json::from_value(Value::String(text.to_owned())).with_context(|| format!("invalid {what} {text:?}"))
 }
 
-fn load(args: &ModelLoadArgs) -> anyhow::Result<Policy> {
+fn load(args: &ModelLoadArgs) -> anyhow::Result<LanguageModel> {
     let options = LoadOptions {
         device: parse::<Device>(&args.device, "device")?,
         dtype: args.dtype.as_deref().map(|d| parse::<DType>(d, "dtype")).transpose()?,
     };
-    let mut policy = Policy::load(&args.dir, &options)?;
+    let mut policy = LanguageModel::load(&args.dir, &options)?;
     if let Some(adapter) = &args.adapter {
         policy.load_adapter("adapter", adapter)?;
     }

@@ -1,5 +1,5 @@
 //! The two responders: prompts go through the policy's chat template and tokenizer
-//! ([`Policy::agent_prompt`](crate::model::Policy::agent_prompt)), then petting's own
+//! ([`LanguageModel::agent_prompt`](crate::model::LanguageModel::agent_prompt)), then petting's own
 //! sampler ([`ModelResponder`]: one batched generation per call) or a vLLM server
 //! ([`VllmResponder`]: the rendered token ids, one request each, all in flight).
 
@@ -89,7 +89,7 @@ impl Responder for ModelResponder<'_> {
 }
 
 /// Whether `text`, rendered as `policy` renders agent prompts, is at most `max_tokens`.
-fn fits(policy: &crate::model::Policy, text: &str, max_tokens: usize) -> Result<bool, Error> {
+fn fits(policy: &crate::model::LanguageModel, text: &str, max_tokens: usize) -> Result<bool, Error> {
     match policy.agent_prompt(text, max_tokens) {
         Ok(_) => Ok(true),
         Err(crate::model::Error::PromptTooLong { .. }) => Ok(false),

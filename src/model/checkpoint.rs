@@ -19,8 +19,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::language_model::LanguageModel;
 use super::lora::LoraConfig;
-use super::policy::Policy;
 use super::weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, Weights, shard_names, weights_digest,
     write_safetensors, write_weights,
@@ -130,15 +130,15 @@ fn dtype_name(kind: tch::Kind) -> &'static str {
     }
 }
 
-impl Policy {
+impl LanguageModel {
     /// Writes the base model as a Hugging Face folder transformers loads unchanged, plus
     /// `meta.json`: one `model.safetensors`, or shards of at most 5 GB with their index.
-    /// Adapters are not merged in (save them with [`Policy::save_adapter`]).
+    /// Adapters are not merged in (save them with [`LanguageModel::save_adapter`]).
     pub fn save(&self, dir: &Path, save_as: &SaveAs) -> Result<CheckpointMeta> {
         self.save_sharded(dir, save_as, MAX_SHARD_BYTES)
     }
 
-    /// [`Policy::save`] with shards of at most `max_shard_bytes`.
+    /// [`LanguageModel::save`] with shards of at most `max_shard_bytes`.
     pub fn save_sharded(&self, dir: &Path, save_as: &SaveAs, max_shard_bytes: usize) -> Result<CheckpointMeta> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let mut config = self.lm.config.raw.clone();

@@ -26,8 +26,8 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use super::decoder::{CacheStep, Pass};
+use super::language_model::LanguageModel;
 use super::lora::Route;
-use super::policy::Policy;
 use super::sampler::{Sampler, Sampling};
 use super::{Error, Result};
 
@@ -202,7 +202,7 @@ struct Call<'a> {
     stop_window: usize,
 }
 
-impl Policy {
+impl LanguageModel {
     /// Continues every request; results are in request order. Runs under `no_grad`.
     pub fn generate(
         &mut self,
@@ -212,7 +212,7 @@ impl Policy {
         self.generate_with_stats(requests, settings).map(|(generations, _)| generations)
     }
 
-    /// [`generate`](Policy::generate), with where its time and memory went.
+    /// [`generate`](LanguageModel::generate), with where its time and memory went.
     pub fn generate_with_stats(
         &mut self,
         requests: &[GenerationRequest],

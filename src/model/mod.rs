@@ -1,13 +1,13 @@
-//! Policy models in tch: one Hugging Face–compatible decoder for the Llama, Qwen2 and
+//! Language models in tch: one Hugging Face–compatible decoder for the Llama, Qwen2 and
 //! Qwen3 families, its tokenizer and chat template, batched KV-cache sampling with
 //! per-token logprobs, training forwards, LoRA adapters, checkpoints and GGUF import.
 //!
 //! ```text
-//!  HF folder ──► Policy::load ──► generate(requests)  ──► tokens, text, logprobs, finish
+//!  HF folder ──► LanguageModel::load ──► generate(requests)  ──► tokens, text, logprobs, finish
 //!  (config.json,      │            score(pairs)       ──► per-token logprobs (no grad)
 //!   *.safetensors,    │            backward(pairs, f) ──► grads of loss f(logprobs)
 //!   tokenizer.json)   │            add_adapter / save_adapter / load_adapter (PEFT)
-//!  config.json ──► Policy::scratch (seeded)      save ──► HF folder + meta.json
+//!  config.json ──► LanguageModel::scratch (seeded)      save ──► HF folder + meta.json
 //!  GGUF ──► gguf::import ──► HF folder
 //! ```
 //!
@@ -25,8 +25,8 @@ mod device;
 mod generate;
 pub mod gguf;
 mod kv_cache;
+mod language_model;
 mod lora;
-mod policy;
 mod sampler;
 mod score;
 mod tokenizer;
@@ -46,8 +46,8 @@ pub use decoder::CausalLm;
 pub use device::{DType, Device};
 pub use generate::{FinishReason, Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget};
 pub use kv_cache::KvCache;
+pub use language_model::{LanguageModel, LoadOptions};
 pub use lora::{ALL_LINEAR, LoraConfig};
-pub use policy::{LoadOptions, Policy};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;

@@ -1,8 +1,8 @@
 //! Per-token logprobs of given responses, with and without gradients.
 //!
 //! PPO needs log π(response token | prompt, earlier response tokens) for every response
-//! token, under the current weights: [`Policy::score`] without gradients (old logprobs,
-//! drift checks), [`Policy::backward`] with them (the loss is the caller's).
+//! token, under the current weights: [`LanguageModel::score`] without gradients (old logprobs,
+//! drift checks), [`LanguageModel::backward`] with them (the loss is the caller's).
 //!
 //! Requests are packed into micro-batches of at most `max_tokens` padded tokens (longest
 //! first, so rows of a micro-batch have similar lengths), which bounds memory whatever
@@ -37,8 +37,8 @@ use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
 use super::decoder::{CacheStep, CausalLm, Pass};
+use super::language_model::LanguageModel;
 use super::lora::Route;
-use super::policy::Policy;
 use super::{Error, Result, guard};
 use crate::rng::combine;
 
@@ -51,7 +51,7 @@ pub struct ScoreRequest {
     pub adapter: Option<String>,
 }
 
-/// How [`Policy::backward`] splits its requests: micro-batches of at most `max_tokens`
+/// How [`LanguageModel::backward`] splits its requests: micro-batches of at most `max_tokens`
 /// padded tokens, activations recomputed in the backward pass when `checkpointing`,
 /// lm_head's logits projected at most `max_logits` (tokens × vocabulary) at a time, and
 /// a prompt shared by several requests forwarded once when `share_prefix`. The logprobs
@@ -85,13 +85,13 @@ pub struct MicroBatch {
     pub mask: Tensor,
 }
 
-impl Policy {
+impl LanguageModel {
     /// Logprobs of every response token, in request order, without gradients.
     pub fn score(&mut self, requests: &[ScoreRequest], max_tokens: usize) -> Result<Vec<Vec<f32>>> {
         self.score_batched(requests, &MicroBatching::new(max_tokens, false))
     }
 
-    /// [`Policy::score`] split as `batching` says.
+    /// [`LanguageModel::score`] split as `batching` says.
     pub fn score_batched(&mut self, requests: &[ScoreRequest], batching: &MicroBatching) -> Result<Vec<Vec<f32>>> {
         let during = || format!("scoring {} sequences with {batching:?}", requests.len());
         guard(during, || tch::no_grad(|| self.run_micro_batches(requests, batching, false, 0, &mut |_| Ok(None))))

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use super::adamw::{AdamW, AdamWState};
-use super::{MicroBatch, MicroBatching, Policy, Result, ScoreRequest};
+use super::{LanguageModel, MicroBatch, MicroBatching, Result, ScoreRequest};
 use crate::algo::loss::{Aggregation, LOG_RATIO_LIMIT};
 use crate::algo::schedule::{Schedule, learning_rate};
 use crate::validate::{Invalid, check};
@@ -97,15 +97,15 @@ impl Trainer {
     /// A trainer that continues `state` (the optimiser state saved with the checkpoint the
     /// policy was loaded from), or starts afresh.
     pub fn new(
-        policy: &Policy,
+        model: &LanguageModel,
         adapter: Option<&str>,
         config: &OptimizerConfig,
         grad_clip: f64,
         state: Option<AdamWState>,
     ) -> Result<Trainer> {
         let vs = match adapter {
-            Some(name) => policy.adapter_var_store(name)?,
-            None => policy.var_store(),
+            Some(name) => model.adapter_var_store(name)?,
+            None => model.var_store(),
         };
         let weights: HashMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         Ok(Trainer { optimizer: AdamW::new(weights, config, state)?, grad_clip })
@@ -129,7 +129,7 @@ impl Trainer {
     /// A supervised step: the token-mean negative log-likelihood of the responses.
     pub fn sft_step(
         &mut self,
-        policy: &mut Policy,
+        model: &mut LanguageModel,
         batch: &[ScoreRequest],
         micro: MicroBatching,
         seed: u64,
@@ -139,7 +139,7 @@ impl Trainer {
         self.optimizer.zero_grad();
         let mut loss = 0.0;
         let optimizer = &mut self.optimizer;
-        let logprobs = policy.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
+        let logprobs = model.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
             // The previous micro-batch's backward is done: sum its gradients in float32.
             optimizer.accumulate();
             let value = -(&mb.logprobs * &mb.mask).sum(Kind::Float) / tokens as f64;
@@ -157,7 +157,7 @@ impl Trainer {
     #[allow(clippy::too_many_arguments)]
     pub fn ppo_step(
         &mut self,
-        policy: &mut Policy,
+        model: &mut LanguageModel,
         batch: &[ScoreRequest],
         old: Option<&[&[f32]]>,
         sampled: &[&[f32]],
@@ -170,11 +170,11 @@ impl Trainer {
         let trained = || batch.iter().zip(advantages).filter(|(_, a)| a.is_some());
         let tokens: usize = trained().map(|(r, _)| r.response_ids.len()).sum();
         let weight = clip.aggregation.token_weight(tokens, trained().count());
-        let device = policy.device();
+        let device = model.device();
         self.optimizer.zero_grad();
         let mut loss = 0.0;
         let optimizer = &mut self.optimizer;
-        let logprobs = policy.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
+        let logprobs = model.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
             optimizer.accumulate();
             let old_t = match old {
                 Some(old) => padded(mb.indices.iter().map(|&i| old[i]), &mb.logprobs, device),

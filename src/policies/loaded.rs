@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use crate::config::RunConfig;
-use crate::model::Policy;
+use crate::model::LanguageModel;
 use crate::store::{PolicyRef, RunStore, StoredMarker};
 
 use super::{BaseRef, Error, Fetched, fetch, find};
@@ -37,7 +37,7 @@ pub struct Member {
 /// A model in memory: a full policy's weights, or a base and the adapters on it.
 #[derive(Debug)]
 struct Model {
-    policy: Policy,
+    policy: LanguageModel,
     /// The committed base, for a model that carries adapters.
     base: Option<BaseRef>,
 }
@@ -61,7 +61,7 @@ impl LoadedPolicies {
 
     /// The model `name` runs on, and the adapter to run it with (`None`: the model's own
     /// weights).
-    pub fn model(&mut self, name: &str) -> Option<(&mut Policy, Option<&str>)> {
+    pub fn model(&mut self, name: &str) -> Option<(&mut LanguageModel, Option<&str>)> {
         let (key, member) = self.members.get_key_value(name)?;
         let adapter = member.lora.then_some(key.as_str());
         Some((&mut self.models[member.model].policy, adapter))
@@ -108,7 +108,7 @@ impl LoadedPolicies {
         let options = policy_config.load_options();
         let (model, lora) = match fetched.base {
             None => {
-                self.models.push(Model { policy: Policy::load(&fetched.dir, &options)?, base: None });
+                self.models.push(Model { policy: LanguageModel::load(&fetched.dir, &options)?, base: None });
                 (self.models.len() - 1, false)
             }
             Some((base, base_dir)) => {
@@ -119,7 +119,7 @@ impl LoadedPolicies {
                 let model = match shared {
                     Some(model) => model,
                     None => {
-                        self.models.push(Model { policy: Policy::load(&base_dir, &options)?, base: Some(base) });
+                        self.models.push(Model { policy: LanguageModel::load(&base_dir, &options)?, base: Some(base) });
                         self.models.len() - 1
                     }
                 };

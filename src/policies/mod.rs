@@ -1,4 +1,4 @@
-//! The trainable policies: the one place that turns store checkpoints into [`Policy`]
+//! The trainable policies: the one place that turns store checkpoints into [`LanguageModel`]
 //! values and back (their section of the run file, `policies:`, is in `config`).
 //!
 //! ```text
@@ -10,9 +10,9 @@
 //!     1. find the marker that committed (name, v); list the files under its dir
 //!     2. local run: hash the files in place; other stores: copy them into the cache
 //!        <cache>/checkpoints/<sha256 of the file list>/ (kept while the hashes match)
-//!     3. Policy::load (full) or base + load_adapter (LoRA), on the policy's device; LoRA
+//!     3. LanguageModel::load (full) or base + load_adapter (LoRA), on the policy's device; LoRA
 //!        policies on one base share one model (loaded.rs)
-//!  save(writer, loaded, v, optimizer) ──► Policy::save / save_adapter into a scratch
+//!  save(writer, loaded, v, optimizer) ──► LanguageModel::save / save_adapter into a scratch
 //!     folder, with the optimiser state (optimizer.safetensors) the next update continues,
 //!     every file through StageWriter::write_file under layout::checkpoint_dir
 //! ```
@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::config::RunConfig;
-use crate::model::{self, AdamWState, CheckpointMeta, META_FILE, OPTIMIZER_FILE, Policy, SaveAs};
+use crate::model::{self, AdamWState, CheckpointMeta, LanguageModel, META_FILE, OPTIMIZER_FILE, SaveAs};
 use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
 
 use files::materialise_file;
@@ -275,7 +275,7 @@ pub async fn save(
 pub async fn save_policy(
     writer: &mut StageWriter<'_>,
     name: &str,
-    policy: &Policy,
+    model: &LanguageModel,
     base: Option<&BaseRef>,
     version: u32,
     optimizer: Option<&AdamWState>,
@@ -285,9 +285,9 @@ pub async fn save_policy(
     let save_as = SaveAs { policy: name, version, parent: parent.as_deref() };
     let scratch = Scratch::new(name)?;
     let meta = match base {
-        None => policy.save(&scratch.0, &save_as)?,
+        None => model.save(&scratch.0, &save_as)?,
         Some(base) => {
-            let mut meta = policy.save_adapter(name, &scratch.0, Some(&base.dir), &save_as)?;
+            let mut meta = model.save_adapter(name, &scratch.0, Some(&base.dir), &save_as)?;
             meta.base_weights_sha256 = Some(base.weights_sha256.clone());
             write_meta(&scratch.0, &meta)?;
             meta

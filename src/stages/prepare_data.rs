@@ -462,10 +462,10 @@ mod tests {
     }
 
     /// The shipped scratch policy with a tokenizer from `dir`.
-    fn scratch_policy(dir: &std::path::Path, tokenizer: &model::Tokenizer) -> model::Policy {
+    fn scratch_policy(dir: &std::path::Path, tokenizer: &model::Tokenizer) -> model::LanguageModel {
         let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
         let config = model::scratch_config(&folder, tokenizer).unwrap();
-        let mut policy = model::Policy::scratch(config, 7, &model::LoadOptions::default()).unwrap();
+        let mut policy = model::LanguageModel::scratch(config, 7, &model::LoadOptions::default()).unwrap();
         policy.attach_tokenizer_files(dir).unwrap();
         policy
     }

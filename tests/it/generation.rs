@@ -3,15 +3,15 @@
 //! alone; and a GPU asked for where there is none.
 
 use petting::model::{
-    Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget, LoadOptions, Policy, Sampling,
+    Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget, LanguageModel, LoadOptions, Sampling,
 };
 
 use crate::support::fixture;
 use crate::support::run;
 
-fn llama() -> Policy {
+fn llama() -> LanguageModel {
     let dir = fixture("hf-tiny-llama");
-    Policy::load(&dir, &LoadOptions::default()).unwrap()
+    LanguageModel::load(&dir, &LoadOptions::default()).unwrap()
 }
 
 /// Prompts of different lengths (3 to 40 tokens) from the fixture's vocabulary.
@@ -25,14 +25,14 @@ fn sampled(max_new_tokens: usize) -> GenerationSettings {
 }
 
 /// Budget for `slots` sequences of up to `longest` prompt tokens.
-fn budget_for(policy: &Policy, slots: u64, longest: usize, settings: &GenerationSettings) -> KvBudget {
+fn budget_for(policy: &LanguageModel, slots: u64, longest: usize, settings: &GenerationSettings) -> KvBudget {
     let c = policy.config();
     let per_position = (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64;
     KvBudget::Bytes(slots * per_position * (longest + settings.max_new_tokens) as u64)
 }
 
 fn generate(
-    policy: &mut Policy,
+    policy: &mut LanguageModel,
     requests: &[GenerationRequest],
     settings: &GenerationSettings,
 ) -> (Vec<Generation>, GenerationStats) {

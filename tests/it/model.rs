@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use petting::model::{
-    ChatMessage, Error, GenerationRequest, GenerationSettings, LoadOptions, MicroBatching, Policy, SafetensorsSet,
-    Sampling, SaveAs, ScoreRequest, TemplateOptions,
+    ChatMessage, Error, GenerationRequest, GenerationSettings, LanguageModel, LoadOptions, MicroBatching,
+    SafetensorsSet, Sampling, SaveAs, ScoreRequest, TemplateOptions,
 };
 use serde_json::Value;
 use tch::{Kind, Tensor};
@@ -55,8 +55,8 @@ fn cases(dir: &Path) -> Vec<Case> {
         .collect()
 }
 
-fn load(dir: &Path) -> Policy {
-    Policy::load(dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+fn load(dir: &Path) -> LanguageModel {
+    LanguageModel::load(dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -73,7 +73,7 @@ fn score_request(case: &Case) -> ScoreRequest {
 }
 
 /// Mean token cross-entropy of each request's response and ‖∇‖₂ over all base weights.
-fn loss_and_grad_norm(policy: &mut Policy, request: ScoreRequest, batching: &MicroBatching) -> (f64, f64) {
+fn loss_and_grad_norm(policy: &mut LanguageModel, request: ScoreRequest, batching: &MicroBatching) -> (f64, f64) {
     policy.var_store().trainable_variables().iter_mut().for_each(|t| t.zero_grad());
     let mut loss_value = 0.0;
     policy
@@ -284,7 +284,7 @@ fn broken_copy(family: &str) -> tempfile::TempDir {
 }
 
 fn load_error(dir: &Path) -> Error {
-    Policy::load(dir, &LoadOptions::default()).expect_err("a malformed folder must not load")
+    LanguageModel::load(dir, &LoadOptions::default()).expect_err("a malformed folder must not load")
 }
 
 #[test]
@@ -346,7 +346,7 @@ fn malformed_folders_name_the_file_and_the_tensor() {
     );
 }
 
-fn base_logits(policy: &mut Policy, prompts: &[Vec<i64>], adapter: Option<&str>) -> Vec<Tensor> {
+fn base_logits(policy: &mut LanguageModel, prompts: &[Vec<i64>], adapter: Option<&str>) -> Vec<Tensor> {
     let adapters: Vec<Option<String>> = prompts.iter().map(|_| adapter.map(str::to_owned)).collect();
     policy.logits(prompts, &adapters).unwrap()
 }
@@ -445,7 +445,7 @@ fn a_fresh_lora_adapter_leaves_logits_unchanged_and_training_changes_only_adapte
 /// Every response token's logprob and every trainable tensor's gradient of a
 /// token-summed loss, split as `batching` says.
 fn logprobs_and_gradients(
-    policy: &mut Policy,
+    policy: &mut LanguageModel,
     requests: &[ScoreRequest],
     batching: &MicroBatching,
     adapter: Option<&str>,
@@ -831,7 +831,7 @@ fn sampled_and_trained_logprobs_are_those_of_the_tempered_distribution() {
 }
 
 /// A trainer for the whole of `policy` at `lr`, no decay.
-fn trainer(policy: &Policy, lr: f64) -> petting::model::Trainer {
+fn trainer(policy: &LanguageModel, lr: f64) -> petting::model::Trainer {
     let config = petting::model::OptimizerConfig { lr, weight_decay: 0.0, ..Default::default() };
     petting::model::Trainer::new(policy, None, &config, 1.0, None).unwrap()
 }
@@ -845,7 +845,7 @@ fn two_responses(case: &Case) -> Vec<ScoreRequest> {
         .collect()
 }
 
-fn sequence_logprob(policy: &mut Policy, request: &ScoreRequest) -> f64 {
+fn sequence_logprob(policy: &mut LanguageModel, request: &ScoreRequest) -> f64 {
     policy.score(std::slice::from_ref(request), 4096).unwrap()[0].iter().map(|&x| f64::from(x)).sum()
 }
 

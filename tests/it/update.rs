@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use petting::config::{self, RunConfig};
 use petting::model::{
-    AdamWState, ChatMessage, LoadOptions, OPTIMIZER_FILE, Policy, SaveAs, ScoreRequest, TemplateOptions,
+    AdamWState, ChatMessage, LanguageModel, LoadOptions, OPTIMIZER_FILE, SaveAs, ScoreRequest, TemplateOptions,
 };
 use petting::policies::{self, LoadedPolicies, Resident};
 use petting::progress::Quiet;
@@ -405,9 +405,11 @@ fn bf16_weights_learn_at_a_realistic_learning_rate_and_bf16_lora_trains_on_cpu()
     // A 1e-6 step is below bf16's resolution: stepping the bf16 weights themselves (tch's
     // AdamW) moved nothing. The float32 masters move by about lr per step.
     let state = optimizer_state(&run, &marker, "tool_p").unwrap();
-    let start =
-        Policy::load(&fixture(), &LoadOptions { dtype: Some(petting::model::DType::Bf16), ..Default::default() })
-            .unwrap();
+    let start = LanguageModel::load(
+        &fixture(),
+        &LoadOptions { dtype: Some(petting::model::DType::Bf16), ..Default::default() },
+    )
+    .unwrap();
     let weights = start.var_store().variables();
     let (mut moved, mut total, mut largest) = (0usize, 0usize, 0f64);
     for (name, weight) in &weights {
@@ -430,7 +432,7 @@ fn bf16_weights_learn_at_a_realistic_learning_rate_and_bf16_lora_trains_on_cpu()
 fn a_sharded_base_trains_a_lora_adapter() {
     let dir = tempfile::tempdir().unwrap();
     let sharded = dir.path().join("sharded");
-    let policy = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
+    let policy = LanguageModel::load(&fixture(), &LoadOptions::default()).unwrap();
     let save_as = SaveAs { policy: "base", version: 0, parent: None };
     policy.save_sharded(&sharded, &save_as, 100_000).unwrap();
     let shards = std::fs::read_dir(&sharded)
@@ -447,7 +449,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
     assert!(base_files >= 6, "the index and every shard are committed ({base_files})");
     // The sharded base scores as the single file does.
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
-    let mut direct = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
+    let mut direct = LanguageModel::load(&fixture(), &LoadOptions::default()).unwrap();
     let mut loaded = block_on(policies::load(&run.store, &run.config, "plan_p", 0)).unwrap();
     let (policy, adapter) = loaded.model("plan_p").unwrap();
     let on = ScoreRequest { adapter: adapter.map(str::to_owned), ..request.clone() };
@@ -691,7 +693,7 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
     let store =
         RunStore::from_object_store(std::sync::Arc::new(object_store::memory::InMemory::new()), "r", "memory://r");
     let v0 = block_on(update::initialise(&store, &config, &Quiet)).unwrap();
-    let mut direct = Policy::load(&fixture(), &LoadOptions::default()).unwrap();
+    let mut direct = LanguageModel::load(&fixture(), &LoadOptions::default()).unwrap();
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
     let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
     for name in ["tool_p", "plan_p"] {
@@ -803,12 +805,12 @@ warm_start: {{demonstrations: 4, steps: 25, batch_size: 4, optimizer: {{lr: 0.01
     assert!(rows[24].loss < rows[0].loss);
     // A fresh scratch model of the same config is as bad as the first step says.
     let fresh_config = petting::model::ModelConfig::from_dir(&fixture()).unwrap();
-    let mut fresh = Policy::scratch(fresh_config, 1, &LoadOptions::default()).unwrap();
+    let mut fresh = LanguageModel::scratch(fresh_config, 1, &LoadOptions::default()).unwrap();
     fresh.attach_tokenizer_files(&fixture()).unwrap();
     assert!(mean_nll(&mut fresh, &demos) > 2.0 * nll);
 }
 
-fn mean_nll(policy: &mut Policy, demos: &[DemonstrationRow]) -> f64 {
+fn mean_nll(policy: &mut LanguageModel, demos: &[DemonstrationRow]) -> f64 {
     let options = TemplateOptions { add_generation_prompt: true, enable_thinking: Some(false) };
     let eos = policy.config().eos_token_ids[0];
     let requests: Vec<ScoreRequest> = demos

@@ -3,7 +3,7 @@
 //! ```text
 //!  pretrained:        the base folder copied in as v0
 //!  pretrained + LoRA: the base folder as the frozen base, a fresh adapter (B = 0) as v0
-//!  scratch:           Policy::scratch + prepare-data's tokenizer, then the SFT warm
+//!  scratch:           LanguageModel::scratch + prepare-data's tokenizer, then the SFT warm
 //!                     start on the demonstrations when warm_start is set
 //!  fork of run@K:     the source's version K of every policy (a full model forked into
 //!                     a policy with `lora` becomes the base of a new adapter)
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
 use crate::config::{ModelInit, PolicyConfig};
-use crate::model::{AdamWState, ModelConfig, Policy};
+use crate::model::{AdamWState, LanguageModel, ModelConfig};
 use crate::policies::{self, BaseRef, Fetched, LoadedPolicies};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, stream};
@@ -52,7 +52,7 @@ pub async fn initialise(
             }
             (ModelInit::Pretrained, Some(lora)) => {
                 let base = bases.commit(&mut writer, name, &policy_config.model).await?;
-                let mut policy = Policy::load(&policy_config.model, &policy_config.load_options())?;
+                let mut policy = LanguageModel::load(&policy_config.model, &policy_config.load_options())?;
                 policy.add_adapter(name, lora, stream(&[config.seed, Key::LORA, name_key(name)]))?;
                 policies::save_policy(&mut writer, name, &policy, Some(&base), 0, None).await?
             }
@@ -168,7 +168,7 @@ async fn initialise_from(
             // A full model becomes the frozen base of a new adapter: a new optimisation.
             (None, Some(lora)) => {
                 let base = bases.commit(&mut writer, &name, &fetched.dir).await?;
-                let mut policy = Policy::load(&fetched.dir, &policy_config.load_options())?;
+                let mut policy = LanguageModel::load(&fetched.dir, &policy_config.load_options())?;
                 policy.add_adapter(&name, lora, stream(&[config.seed, Key::LORA, name_key(&name)]))?;
                 policies::save_policy(&mut writer, &name, &policy, Some(&base), k, None).await?
             }
@@ -220,7 +220,7 @@ async fn scratch_policy(
     name: &str,
     policy_config: &PolicyConfig,
     prepared: &StoredMarker,
-) -> Result<Policy, stages::Error> {
+) -> Result<LanguageModel, stages::Error> {
     // prepare-data commits tokenizer.json (and tokenizer_config.json, …) in one folder.
     let tokenizer = prepared
         .marker
@@ -235,7 +235,7 @@ async fn scratch_policy(
     let local = policies::materialise(store, &prepared.marker.files, dir).await?;
     let model_config = ModelConfig::from_dir(&policy_config.model)?;
     let seed = stream(&[config.seed, Key::INIT, name_key(name)]);
-    let mut policy = Policy::scratch(model_config, seed, &policy_config.load_options())?;
+    let mut policy = LanguageModel::scratch(model_config, seed, &policy_config.load_options())?;
     policy.attach_tokenizer_files(&local)?;
     Ok(policy)
 }

@@ -1,7 +1,7 @@
 //! How an update's training fits in memory: micro-batches, and what helps when it does not.
 
 use crate::config::{Checkpointing, UpdateConfig};
-use crate::model::{MicroBatching, Policy};
+use crate::model::{LanguageModel, MicroBatching};
 
 /// What helps an update's training step that runs out of memory.
 pub(super) fn memory_knob(update: &UpdateConfig) -> String {
@@ -13,12 +13,12 @@ pub(super) fn memory_knob(update: &UpdateConfig) -> String {
 
 /// How `policy` trains in an update: micro-batches of `micro_batch_tokens`, checkpointed as
 /// configured or as the model needs.
-pub(super) fn micro_batching(update: &UpdateConfig, policy: &Policy) -> MicroBatching {
+pub(super) fn micro_batching(update: &UpdateConfig, model: &LanguageModel) -> MicroBatching {
     let tokens = update.micro_batch_tokens as usize;
     let checkpointing = match update.gradient_checkpointing {
         Checkpointing::On => true,
         Checkpointing::Off => false,
-        Checkpointing::Auto => policy.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
+        Checkpointing::Auto => model.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
     };
     MicroBatching { share_prefix: update.share_prefix, ..MicroBatching::new(tokens, checkpointing) }
 }

@@ -162,12 +162,12 @@ fn train_policy(
     progress: &dyn Progress,
 ) -> Result<(Trained, Option<AdamWState>), super::Error> {
     let stage = StageId::at(Stage::Update, iteration);
-    let (policy, adapter) = loaded.model(&set.name).expect("the policy is in memory");
-    let settings = PpoSettings::new(config, &set.name, iteration, policy);
+    let (model, adapter) = loaded.model(&set.name).expect("the policy is in memory");
+    let settings = PpoSettings::new(config, &set.name, iteration, model);
     let adapter = adapter.map(str::to_owned);
     let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
     phase(progress, &label, steps, "steps", || {
-        tokio::task::block_in_place(|| train_ppo(policy, adapter.as_deref(), set, &settings, optimizer, progress))
+        tokio::task::block_in_place(|| train_ppo(model, adapter.as_deref(), set, &settings, optimizer, progress))
     })
     .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &memory_knob(&config.update)))
 }

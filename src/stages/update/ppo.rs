@@ -7,7 +7,8 @@ use crate::algo::loss::{ppo_clip_loss, truncated_importance_weight};
 use crate::algo::stats::{mean_max, mismatch};
 use crate::config::RunConfig;
 use crate::model::{
-    AdamWState, MicroBatching, OptimizerConfig, Policy, PpoClip, ScoreRequest, StepResult, Trainer, prompt_groups,
+    AdamWState, LanguageModel, MicroBatching, OptimizerConfig, PpoClip, ScoreRequest, StepResult, Trainer,
+    prompt_groups,
 };
 use crate::progress::Progress;
 use crate::rng::{Key, name_key, permutation, stream};
@@ -39,7 +40,7 @@ pub(super) struct PpoSettings<'a> {
 }
 
 impl PpoSettings<'_> {
-    pub(super) fn new<'a>(config: &'a RunConfig, name: &str, iteration: u32, policy: &Policy) -> PpoSettings<'a> {
+    pub(super) fn new<'a>(config: &'a RunConfig, name: &str, iteration: u32, model: &LanguageModel) -> PpoSettings<'a> {
         let update = &config.update;
         let algorithm = &config.algorithm;
         PpoSettings {
@@ -48,7 +49,7 @@ impl PpoSettings<'_> {
             iterations: config.iterations,
             epochs: update.epochs,
             mini_batch: update.mini_batch_sequences.max(1) as usize,
-            micro: MicroBatching { temperature: config.behaviour_temperature(), ..micro_batching(update, policy) },
+            micro: MicroBatching { temperature: config.behaviour_temperature(), ..micro_batching(update, model) },
             grad_clip: update.grad_clip,
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,
@@ -58,7 +59,7 @@ impl PpoSettings<'_> {
             max_drift: update.max_logprob_drift,
             reuse_first_forward: config.policies[name].lora.as_ref().is_none_or(|l| l.dropout == 0.0),
             optimizer: &config.policies[name].optimizer,
-            dtype: format!("{:?}", policy.kind()),
+            dtype: format!("{:?}", model.kind()),
             truncated: algorithm.truncated,
             seed: stream(&[config.seed, Key::PPO, u64::from(iteration), name_key(name)]),
         }
@@ -90,7 +91,7 @@ pub(super) struct Trained {
 /// pass before the first step. Their drift from the sampled logprobs is checked after
 /// the first step, before anything is written.
 pub(super) fn train_ppo(
-    policy: &mut Policy,
+    model: &mut LanguageModel,
     adapter: Option<&str>,
     set: &TrainingSet,
     settings: &PpoSettings,
@@ -118,11 +119,11 @@ pub(super) fn train_ppo(
     let mut old = vec![Vec::new(); sequences.len()];
     let scored = &epochs[0][from_own_forward..];
     let scored_requests: Vec<ScoreRequest> = scored.iter().map(|&i| requests[i].clone()).collect();
-    for (&i, logprobs) in scored.iter().zip(policy.score_batched(&scored_requests, &settings.micro)?) {
+    for (&i, logprobs) in scored.iter().zip(model.score_batched(&scored_requests, &settings.micro)?) {
         old[i] = logprobs;
     }
 
-    let mut trainer = Trainer::new(policy, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
+    let mut trainer = Trainer::new(model, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
     let total = schedule_length(trainer.steps_taken(), steps.len() as u64, settings.iterations, settings.iteration);
     let mut rows = Vec::new();
     let mut drift = Vec::new();
@@ -137,7 +138,7 @@ pub(super) fn train_ppo(
         let seed = stream(&[settings.seed, Key::PPO, step as u64]);
         let old_given = (!own_forward).then_some(old_batch.as_slice());
         let done = trainer.ppo_step(
-            policy,
+            model,
             &batch,
             old_given,
             &sampled,

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use crate::config::RunConfig;
-use crate::model::{Policy, ScoreRequest, Trainer};
+use crate::model::{LanguageModel, ScoreRequest, Trainer};
 use crate::progress::Progress;
 use crate::rng::{Key, permutation, stream};
 use crate::tables::{DemonstrationRow, UpdateRow};
@@ -18,22 +18,22 @@ use crate::stages;
 /// user message rendered with the chat template (generation prompt, no thinking) and
 /// the reply followed by EOS. Prompts are cut from the left as rollout cuts them.
 pub(super) fn examples(
-    policy: &Policy,
+    model: &LanguageModel,
     config: &RunConfig,
     name: &str,
     demos: &[DemonstrationRow],
 ) -> Result<Vec<ScoreRequest>, stages::Error> {
     let agents: HashSet<&str> =
         config.agents.iter().filter(|(_, a)| a.policy == name).map(|(role, _)| role.as_str()).collect();
-    let eos = *policy.config().eos_token_ids.first().ok_or_else(|| Error::Init {
+    let eos = *model.config().eos_token_ids.first().ok_or_else(|| Error::Init {
         policy: name.to_string(),
         reason: "config.json has no eos_token_id to end the demonstrations with".into(),
     })?;
     let max_prompt = config.rollout.max_prompt_tokens as usize;
     let mut examples = Vec::new();
     for demo in demos.iter().filter(|d| agents.contains(d.agent.as_str())) {
-        let (_, prompt_ids) = policy.agent_prompt(&demo.prompt, max_prompt)?;
-        let mut response_ids = policy.require_tokenizer()?.encode(&demo.response, false)?;
+        let (_, prompt_ids) = model.agent_prompt(&demo.prompt, max_prompt)?;
+        let mut response_ids = model.require_tokenizer()?.encode(&demo.response, false)?;
         response_ids.push(eos);
         examples.push(ScoreRequest { prompt_ids, response_ids, adapter: None });
     }
@@ -50,7 +50,7 @@ pub(super) fn examples(
 /// `steps` AdamW steps of `batch_size` examples (seeded shuffles, cycling), token-mean
 /// cross-entropy on the response tokens.
 pub(super) fn train(
-    policy: &mut Policy,
+    model: &mut LanguageModel,
     name: &str,
     examples: &[ScoreRequest],
     config: &RunConfig,
@@ -66,8 +66,8 @@ pub(super) fn train(
         }
         order.extend(permutation(examples.len(), stream(&[seed, cycle])));
     }
-    let micro = super::memory::micro_batching(&config.update, policy);
-    let mut trainer = Trainer::new(policy, None, &warm.optimizer, config.update.grad_clip, None)?;
+    let micro = super::memory::micro_batching(&config.update, model);
+    let mut trainer = Trainer::new(model, None, &warm.optimizer, config.update.grad_clip, None)?;
     let mut rows = Vec::with_capacity(steps);
     for step in 0..steps {
         let start = Instant::now();
@@ -75,7 +75,7 @@ pub(super) fn train(
             order[step * batch..(step + 1) * batch].iter().map(|&i| examples[i].clone()).collect();
         let tokens: usize = chosen.iter().map(|r| r.response_ids.len()).sum();
         let lr = warm.optimizer.learning_rate(step as u64, steps as u64);
-        let done = trainer.sft_step(policy, &chosen, micro, stream(&[seed, Key::SFT, step as u64]), lr)?;
+        let done = trainer.sft_step(model, &chosen, micro, stream(&[seed, Key::SFT, step as u64]), lr)?;
         let nll = -done.logprobs.iter().flatten().map(|&x| f64::from(x)).sum::<f64>() / tokens.max(1) as f64;
         rows.push(UpdateRow {
             policy: name.to_string(),

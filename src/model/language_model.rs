@@ -1,8 +1,8 @@
-//! [`Policy`]: a decoder with its weights, tokenizer, chat template and LoRA adapters.
+//! [`LanguageModel`]: a decoder with its weights, tokenizer, chat template and LoRA adapters.
 //!
 //! The base model's tensors live in one VarStore whose paths are the HF keys; each
 //! adapter in its own VarStore with PEFT's keys. An optimizer for full fine-tuning is
-//! built on [`Policy::var_store`], one for an adapter on [`Policy::adapter_var_store`].
+//! built on [`LanguageModel::var_store`], one for an adapter on [`LanguageModel::adapter_var_store`].
 
 use std::path::{Path, PathBuf};
 
@@ -63,7 +63,7 @@ pub(crate) const TOKENIZER_FILES: [&str; 7] = [
 ];
 
 /// A decoder ready to sample and train.
-pub struct Policy {
+pub struct LanguageModel {
     pub(crate) lm: CausalLm,
     pub(crate) vs: VarStore,
     pub(crate) adapters: Vec<Adapter>,
@@ -74,9 +74,9 @@ pub struct Policy {
     pub(crate) options: LoadOptions,
 }
 
-impl std::fmt::Debug for Policy {
+impl std::fmt::Debug for LanguageModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Policy")
+        f.debug_struct("LanguageModel")
             .field("architecture", &self.lm.config.architecture)
             .field("options", &self.options)
             .field("adapters", &self.adapter_names())
@@ -84,13 +84,13 @@ impl std::fmt::Debug for Policy {
     }
 }
 
-impl Policy {
+impl LanguageModel {
     /// Loads a Hugging Face folder: `config.json`, `model.safetensors` (or shards and
     /// their index), and, where present, `tokenizer.json` and the chat template.
-    pub fn load(dir: &Path, options: &LoadOptions) -> Result<Policy> {
+    pub fn load(dir: &Path, options: &LoadOptions) -> Result<LanguageModel> {
         let config = ModelConfig::from_dir(dir)?;
         let files = SafetensorsSet::open_dir(dir)?;
-        let mut policy = Policy::build(config, &Weights::Files(&files), options)?;
+        let mut policy = LanguageModel::build(config, &Weights::Files(&files), options)?;
         // A tensor the model has no place for means the config does not describe the file.
         let known = policy.vs.variables();
         let tied_head = |n: &str| n == "lm_head.weight" && policy.lm.config.tie_word_embeddings;
@@ -115,16 +115,16 @@ impl Policy {
     /// A model made from a `config.json` alone, initialised as transformers'
     /// `_init_weights` does (normal(0, initializer_range) weights, zero biases, unit norms),
     /// with values from counter-based streams keyed by `seed` and each tensor's name.
-    pub fn scratch(config: ModelConfig, seed: u64, options: &LoadOptions) -> Result<Policy> {
-        Policy::build(config, &Weights::Random { seed }, options)
+    pub fn scratch(config: ModelConfig, seed: u64, options: &LoadOptions) -> Result<LanguageModel> {
+        LanguageModel::build(config, &Weights::Random { seed }, options)
     }
 
-    fn build(config: ModelConfig, weights: &Weights, options: &LoadOptions) -> Result<Policy> {
+    fn build(config: ModelConfig, weights: &Weights, options: &LoadOptions) -> Result<LanguageModel> {
         options.device.check_available().map_err(|reason| Error::Device { reason })?;
         let mut vs = VarStore::new(options.tch_device());
         vs.set_kind(options.kind());
         let lm = CausalLm::new(vs.root(), &config, weights)?;
-        Ok(Policy {
+        Ok(LanguageModel {
             lm,
             vs,
             adapters: Vec::new(),
