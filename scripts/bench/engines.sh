@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine table of BENCHMARKS.md: the same rollouts (prompts, seeds, model) sampled by
 # petting's tch sampler and by a vLLM server, one after the other, with
-# scripts/bench-rollout.sh. The server must serve checkpoints/smollm2-135m-instruct (e.g.
+# scripts/bench-rollout.sh. The server must serve models/smollm2-135m-instruct (e.g.
 # `scripts/servers/vllm.sh serve 8411`); it holds v0 already (the base), so petting
 # only probes it (vllm.load_weights: false).
 #
@@ -14,6 +14,6 @@ vllm=(--set rollout.engine=vllm --set "vllm.url=$url" --set vllm.load_weights=fa
 for row in "math tree 8" "math independent 4" "plan-path tree 8"; do
     read -r workflow mode k <<<"$row"
     export K=$k TASKS=16 MAX_NEW=64
-    scripts/bench/rollout.sh target/debug/petting checkpoints/smollm2-135m-instruct "$workflow" "$mode" tch
-    scripts/bench/rollout.sh target/debug/petting checkpoints/smollm2-135m-instruct "$workflow" "$mode" vllm "${vllm[@]}"
+    scripts/bench/rollout.sh target/debug/petting models/smollm2-135m-instruct "$workflow" "$mode" tch
+    scripts/bench/rollout.sh target/debug/petting models/smollm2-135m-instruct "$workflow" "$mode" vllm "${vllm[@]}"
 done

@@ -8,7 +8,7 @@
 # Each vLLM row starts its own server (scripts/servers/vllm.sh serve) on PORT.
 #
 # Usage: scripts/bench/mismatch.sh [PORT [MODEL...]]    (results: bench-results/mismatch.csv)
-#   MODEL: folders under checkpoints/ (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+#   MODEL: folders under models/ (default: smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 port=${1:-8431}
@@ -25,17 +25,17 @@ row() {
     local model=$1 sampler=$2 sampler_dtype=$3 trainer_dtype=$4
     local work; work=$(mktemp -d)
     local args=(--set "store=$work/run" --set seed=7 --set iterations=1 --set data.train_tasks=16
-        --set rollout.tasks_per_iteration=16 --set rollout.k=4 --set workflow.max_turns=1
+        --set rollout.tasks_per_iteration=16 --set rollout.branches=4 --set workflow.max_turns=1
         --set rollout.sampling.temperature=1.0 --set rollout.sampling.max_new_tokens=128
         --set algorithm.filter.drop_degenerate=false --set update.mini_batch_sequences=1024
         --set evaluation.at_start=false --set evaluation.tasks=1
-        --set "policies.shared.model=$PWD/checkpoints/$model" --set "policies.shared.dtype=$trainer_dtype")
+        --set "policies.shared.model=$PWD/models/$model" --set "policies.shared.dtype=$trainer_dtype")
     # bf16 logprobs are ~0.06 apart on the engine's weight probe (measured), more than
     # the default vllm.probe_tolerance and update.max_logprob_drift of 0.05.
     [[ $sampler_dtype == float32 && $trainer_dtype == f32 ]] || args+=(--set update.max_logprob_drift=0.5)
     local server=""
     if [[ $sampler == vllm ]]; then
-        VLLM_DTYPE=$sampler_dtype scripts/servers/vllm.sh serve "$port" "$PWD/checkpoints/$model" \
+        VLLM_DTYPE=$sampler_dtype scripts/servers/vllm.sh serve "$port" "$PWD/models/$model" \
             > "$work/vllm.log" 2>&1 &
         server=$!
         until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do

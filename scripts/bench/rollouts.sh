@@ -13,10 +13,10 @@ cargo build --locked --quiet --bin petting
 row() { # model workflow mode k tasks
     local model=$1 workflow=$2 mode=$3
     export K=$4 TASKS=$5 MAX_NEW=64
-    scripts/bench/rollout.sh target/debug/petting "checkpoints/$model" "$workflow" "$mode" after
-    scripts/bench/rollout.sh "$before" "checkpoints/$model" "$workflow" "$mode" before
+    scripts/bench/rollout.sh target/debug/petting "models/$model" "$workflow" "$mode" after
+    scripts/bench/rollout.sh "$before" "models/$model" "$workflow" "$mode" before
     "${PY:?set PY}" scripts/bench/rollout_hf.py "bench-results/prompts-after-$model-$workflow-$mode.json" \
-        "checkpoints/$model" "$MAX_NEW" transformers
+        "models/$model" "$MAX_NEW" transformers
 }
 row smollm2-135m-instruct math tree 8 16
 row smollm2-135m-instruct math independent 4 16
@@ -25,5 +25,5 @@ row smollm2-135m-instruct plan-path independent 4 16
 row qwen2.5-coder-0.5b-instruct math tree 8 8
 row qwen2.5-coder-0.5b-instruct plan-path independent 4 8
 # The first row again in a quarter GiB of key/value cache.
-K=8 TASKS=16 MAX_NEW=64 scripts/bench/rollout.sh target/debug/petting checkpoints/smollm2-135m-instruct math tree \
+K=8 TASKS=16 MAX_NEW=64 scripts/bench/rollout.sh target/debug/petting models/smollm2-135m-instruct math tree \
     after-budget-0.25gib --set rollout.kv_cache_gib=0.25

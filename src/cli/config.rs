@@ -16,6 +16,9 @@ pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
     let file = &args.config;
     let inputs =
         petting::pipeline::inputs::check(&loaded.resolved()).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    for renamed in &loaded.renamed {
+        println!("{}: warning: {renamed}", file.display());
+    }
     let c = &loaded.config;
     let agents: Vec<String> = c.agents.iter().map(|(role, a)| format!("{role} -> {}", a.policy)).collect();
     println!(
@@ -29,7 +32,7 @@ pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
         inputs.test_tasks,
         c.iterations,
         c.rollout.tasks_per_iteration,
-        c.rollout.k,
+        c.rollout.group_size(),
         c.store,
         &c.sha256()[..12]
     );

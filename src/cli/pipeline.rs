@@ -6,6 +6,9 @@ use super::args::{PipelinePlanArgs, PipelineRunArgs};
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let draft = config::read(&args.config, &args.overrides)?;
+    for renamed in draft.renamed() {
+        eprintln!("warning: {}: {renamed}", args.config.display());
+    }
     let options = driver::Options {
         from: args.from.clone(),
         allow_config_change: args.allow_config_change,

@@ -30,6 +30,7 @@ use crate::workflows::{ALONE_OVER_TURNS, Role, WorkflowConfig, WorkflowKind};
 mod engine;
 mod evaluation;
 mod policies;
+mod renamed;
 mod rollout;
 mod update;
 mod warm_start;
@@ -37,8 +38,9 @@ mod warm_start;
 pub use engine::{EngineKind, VllmConfig};
 pub use evaluation::{EvalMode, EvaluationConfig};
 pub use policies::{ModelInit, PolicyConfig, Retention};
+pub use renamed::Renamed;
 pub use rollout::{OverlongPrompt, RolloutConfig, RolloutMode, Selection};
-pub use update::{Checkpointing, UpdateConfig};
+pub use update::{Recompute, UpdateConfig};
 pub use warm_start::WarmStartConfig;
 
 /// A problem with a config file.
@@ -175,6 +177,8 @@ pub struct LoadedConfig {
     /// The file as written, frozen into the run as run.yaml.
     pub text: String,
     pub file: PathBuf,
+    /// Keys the file writes under an old name, moved to their new one.
+    pub renamed: Vec<Renamed>,
 }
 
 impl LoadedConfig {
@@ -242,8 +246,8 @@ pub fn read(file: &Path, overrides: &[Override]) -> Result<Draft, Error> {
     if !overrides.is_empty() {
         text = apply_overrides(&text, overrides, file)?;
     }
-    let config = parse_unchecked(&text, file)?;
-    Ok(Draft(LoadedConfig { config, text, file: file.to_path_buf() }))
+    let (config, renamed) = parse_unchecked(&text, file)?;
+    Ok(Draft(LoadedConfig { config, text, file: file.to_path_buf(), renamed }))
 }
 
 /// A config file read and parsed but not yet validated, because whether the run is a
@@ -260,6 +264,11 @@ impl Draft {
 
     pub fn fork(&self) -> Option<&ForkConfig> {
         self.0.config.fork.as_ref()
+    }
+
+    /// Keys the file writes under an old name.
+    pub fn renamed(&self) -> &[Renamed] {
+        &self.0.renamed
     }
 
     /// The config as a run would freeze it (see [`LoadedConfig::resolved`]), unvalidated.
@@ -344,12 +353,23 @@ pub async fn of_run(store: &crate::store::RunStore) -> Result<RunConfig, Error> 
 }
 
 pub fn parse(text: &str, file: &Path) -> Result<RunConfig, Error> {
-    let config = parse_unchecked(text, file)?;
+    let (config, _) = parse_unchecked(text, file)?;
     config.validate().map_err(|Invalid { key, message }| Error::Invalid { file: file.to_path_buf(), key, message })?;
     Ok(config)
 }
 
-fn parse_unchecked(text: &str, file: &Path) -> Result<RunConfig, Error> {
+/// Parses config text, old key names moved to their new ones (which are returned).
+fn parse_unchecked(text: &str, file: &Path) -> Result<(RunConfig, Vec<Renamed>), Error> {
+    let mut tree: serde_json::Value = serde_saphyr::from_str(text).unwrap_or(serde_json::Value::Null);
+    let renamed = renamed::rename_old_keys(&mut tree).map_err(|Invalid { key, message }| Error::Invalid {
+        file: file.to_path_buf(),
+        key,
+        message,
+    })?;
+    // Text without old keys is parsed as written, so that errors point into the file.
+    let renamed_text =
+        (!renamed.is_empty()).then(|| serde_saphyr::to_string(&tree).expect("a YAML tree always serialises"));
+    let text = renamed_text.as_deref().unwrap_or(text);
     let mut key = None;
     let parsed = serde_saphyr::with_deserializer_from_str(text, |de| {
         serde_path_to_error::deserialize(de).map_err(|e| {
@@ -363,7 +383,7 @@ fn parse_unchecked(text: &str, file: &Path) -> Result<RunConfig, Error> {
         let message = message.strip_prefix("error: ").unwrap_or(&message).to_string();
         Error::Parse { file: file.to_path_buf(), key, message }
     })?;
-    Ok(config)
+    Ok((config, renamed))
 }
 
 fn absolute(path: &Path) -> PathBuf {

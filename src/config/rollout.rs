@@ -13,8 +13,14 @@ use super::EngineKind;
 pub struct RolloutConfig {
     /// Training tasks per iteration (B).
     pub tasks_per_iteration: u32,
-    /// Candidates per (task, agent, turn) in tree mode, trajectories per task otherwise (K).
-    pub k: u32,
+    /// Tree mode: the candidates sampled at each (task, agent, turn) node, one group
+    /// (AT-GRPO's K; default 4). Only tree mode reads it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub branches: Option<u32>,
+    /// Independent mode: the episodes sampled for each task, one group (GRPO's group
+    /// size; default 4). Only independent mode reads it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub episodes_per_task: Option<u32>,
     /// tree: AT-GRPO's branch-and-select sampling; independent: K separate trajectories.
     pub mode: RolloutMode,
     /// How the candidate that continues the trajectory is chosen in tree mode.
@@ -34,11 +40,15 @@ pub struct RolloutConfig {
     pub engine: EngineKind,
 }
 
+/// K when the run file does not say.
+const DEFAULT_GROUP_SIZE: u32 = 4;
+
 impl Default for RolloutConfig {
     fn default() -> Self {
         RolloutConfig {
             tasks_per_iteration: 16,
-            k: 4,
+            branches: None,
+            episodes_per_task: None,
             mode: RolloutMode::Tree,
             select: Selection::BestReward,
             sampling: SamplingConfig::default(),
@@ -51,8 +61,32 @@ impl Default for RolloutConfig {
 }
 
 impl RolloutConfig {
+    /// The candidates of a group (K): tree mode's branches per node, or independent mode's
+    /// episodes per task.
+    pub fn group_size(&self) -> u32 {
+        match self.mode {
+            RolloutMode::Tree => self.branches,
+            RolloutMode::Independent => self.episodes_per_task,
+        }
+        .unwrap_or(DEFAULT_GROUP_SIZE)
+    }
+
     pub fn validate(&self, train_tasks: u32) -> Result<(), Invalid> {
-        check(self.k >= 1, "rollout.k", "must be at least 1")?;
+        // A group size written for the other mode would be silently ignored.
+        let (key, misplaced, mode) = match self.mode {
+            RolloutMode::Tree => {
+                ("rollout.branches", self.episodes_per_task.map(|_| "rollout.episodes_per_task"), "tree")
+            }
+            RolloutMode::Independent => {
+                ("rollout.episodes_per_task", self.branches.map(|_| "rollout.branches"), "independent")
+            }
+        };
+        check(
+            misplaced.is_none(),
+            misplaced.unwrap_or_default(),
+            format!("is not read by rollout.mode: {mode}; its group size is {key}"),
+        )?;
+        check(self.group_size() >= 1, key, "must be at least 1")?;
         check(self.tasks_per_iteration >= 1, "rollout.tasks_per_iteration", "must be at least 1")?;
         check(
             self.tasks_per_iteration <= train_tasks,

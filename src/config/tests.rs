@@ -14,7 +14,7 @@ agents:
   tool: {policy: shared}
   planner: {policy: shared}
 policies:
-  shared: {model: ../checkpoints/tiny}
+  shared: {model: ../models/tiny}
 ";
 
 fn parse_str(text: &str) -> Result<RunConfig, Error> {
@@ -64,7 +64,7 @@ fn a_bad_override_names_its_key() {
 #[test]
 fn a_minimal_config_gets_the_documented_defaults() {
     let config = parse_str(MINIMAL).unwrap();
-    assert_eq!(config.rollout.k, 4);
+    assert_eq!(config.rollout.group_size(), 4);
     assert_eq!(config.algorithm.name, Algorithm::AtGrpo);
     assert_eq!(config.algorithm.alpha, 1.0);
     assert_eq!(config.evaluation.sampling.temperature, 0.0);
@@ -74,10 +74,38 @@ fn a_minimal_config_gets_the_documented_defaults() {
 }
 
 #[test]
+fn the_group_size_is_read_from_the_key_of_the_rollout_mode() {
+    let tree = parse_str(&MINIMAL.replace("iterations: 2", "iterations: 2\nrollout: {branches: 8}")).unwrap();
+    assert_eq!(tree.rollout.group_size(), 8);
+    let independent = "iterations: 2\nalgorithm: {name: grpo}\nrollout: {mode: independent, episodes_per_task: 3}";
+    let independent = parse_str(&MINIMAL.replace("iterations: 2", independent)).unwrap();
+    assert_eq!(independent.rollout.group_size(), 3);
+    let message = error_of(&MINIMAL.replace("iterations: 2", "iterations: 2\nrollout: {episodes_per_task: 3}"));
+    assert!(
+        message.starts_with(
+            "it.yaml: rollout.episodes_per_task: is not read by rollout.mode: tree; its group size is rollout.branches"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_old_key_name_parses_as_its_new_one() {
+    let old =
+        MINIMAL.replace("iterations: 2", "iterations: 2\nrollout: {k: 6}\nupdate: {gradient_checkpointing: true}");
+    let config = parse_str(&old).unwrap();
+    assert_eq!(config.rollout.branches, Some(6));
+    assert_eq!(config.update.recompute_activations, Recompute::On);
+}
+
+#[test]
 fn an_unknown_key_names_its_path_and_the_allowed_keys() {
     let message = error_of(&MINIMAL.replace("iterations: 2", "iterations: 2\nrollout: {kk: 3}"));
     assert!(message.starts_with("it.yaml: rollout"), "{message}");
-    assert!(message.contains("unknown field `kk`, expected one of tasks_per_iteration, k, "), "{message}");
+    assert!(
+        message.contains("unknown field `kk`, expected one of tasks_per_iteration, branches, episodes_per_task, "),
+        "{message}"
+    );
     assert!(message.contains("line 4 column 11"), "{message}");
 }
 
@@ -90,7 +118,7 @@ fn a_wrong_type_names_its_path_and_the_expected_type() {
 
 #[test]
 fn a_nested_wrong_type_names_the_full_path() {
-    let message = error_of(&MINIMAL.replace("{model: ../checkpoints/tiny}", "{model: m, lora: {rank: big}}"));
+    let message = error_of(&MINIMAL.replace("{model: ../models/tiny}", "{model: m, lora: {rank: big}}"));
     assert!(message.starts_with("it.yaml: policies.shared.lora.rank: "), "{message}");
 }
 
@@ -156,9 +184,9 @@ fn only_tool_and_planner_play_alone_and_in_one_turn() {
 
 #[test]
 fn devices_parse_and_bad_ones_are_named() {
-    let config = parse_str(&MINIMAL.replace("{model: ../checkpoints/tiny}", "{model: m, device: \"cuda:1\"}")).unwrap();
+    let config = parse_str(&MINIMAL.replace("{model: ../models/tiny}", "{model: m, device: \"cuda:1\"}")).unwrap();
     assert_eq!(config.policies["shared"].device, Device::Cuda(1));
-    let message = error_of(&MINIMAL.replace("{model: ../checkpoints/tiny}", "{model: m, device: tpu}"));
+    let message = error_of(&MINIMAL.replace("{model: ../models/tiny}", "{model: m, device: tpu}"));
     assert!(message.contains("policies.shared.device") && message.contains("cpu, cuda or cuda:N"), "{message}");
 }
 
@@ -170,11 +198,15 @@ fn demonstration_shares_must_sum_to_one() {
 
 #[test]
 fn the_frozen_config_parses_back_with_absolute_paths() {
-    let loaded =
-        LoadedConfig { config: parse_str(MINIMAL).unwrap(), text: MINIMAL.into(), file: "/etc/petting/it.yaml".into() };
+    let loaded = LoadedConfig {
+        config: parse_str(MINIMAL).unwrap(),
+        text: MINIMAL.into(),
+        file: "/etc/petting/it.yaml".into(),
+        renamed: Vec::new(),
+    };
     let frozen = parse(&loaded.frozen_yaml(), Path::new("run.yaml")).unwrap();
     assert_eq!(frozen.store, "/etc/petting/runs/x");
-    assert_eq!(frozen.policies["shared"].model, Path::new("/etc/checkpoints/tiny"));
+    assert_eq!(frozen.policies["shared"].model, Path::new("/etc/models/tiny"));
     assert_eq!(frozen.rollout, loaded.config.rollout);
     assert_eq!(frozen, loaded.resolved());
 }
@@ -189,18 +221,16 @@ fn the_hash_ignores_formatting_but_not_settings() {
 }
 
 #[test]
-fn gradient_checkpointing_is_true_false_or_auto() {
-    assert_eq!(parse_str(MINIMAL).unwrap().update.gradient_checkpointing, Checkpointing::Auto);
-    for (written, expected) in
-        [("true", Checkpointing::On), ("false", Checkpointing::Off), ("auto", Checkpointing::Auto)]
-    {
-        let config = overridden(&[&format!("update.gradient_checkpointing={written}")]).unwrap();
-        assert_eq!(config.update.gradient_checkpointing, expected);
+fn recompute_activations_is_true_false_or_auto() {
+    assert_eq!(parse_str(MINIMAL).unwrap().update.recompute_activations, Recompute::Auto);
+    for (written, expected) in [("true", Recompute::On), ("false", Recompute::Off), ("auto", Recompute::Auto)] {
+        let config = overridden(&[&format!("update.recompute_activations={written}")]).unwrap();
+        assert_eq!(config.update.recompute_activations, expected);
         let frozen = parse_str(&serde_saphyr::to_string(&config).unwrap()).unwrap();
-        assert_eq!(frozen.update.gradient_checkpointing, expected, "{written} round-trips");
+        assert_eq!(frozen.update.recompute_activations, expected, "{written} round-trips");
     }
-    let message = overridden(&["update.gradient_checkpointing=maybe"]).unwrap_err().to_string();
-    assert!(message.contains("update.gradient_checkpointing") && message.contains("true, false or auto"), "{message}");
+    let message = overridden(&["update.recompute_activations=maybe"]).unwrap_err().to_string();
+    assert!(message.contains("update.recompute_activations") && message.contains("true, false or auto"), "{message}");
 }
 
 #[test]

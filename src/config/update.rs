@@ -18,7 +18,7 @@ pub struct UpdateConfig {
     pub grad_clip: f64,
     /// Recompute activations in the backward pass to save memory: true, false, or auto
     /// (on when a micro-batch's activations would take more than 4 GiB).
-    pub gradient_checkpointing: Checkpointing,
+    pub recompute_activations: Recompute,
     /// Forward a prompt that several samples share (a group's candidates) once, each
     /// response attending to it: the same loss and gradients, a fraction of the work.
     pub share_prefix: bool,
@@ -37,7 +37,7 @@ impl Default for UpdateConfig {
             mini_batch_sequences: 64,
             micro_batch_tokens: 8192,
             grad_clip: 1.0,
-            gradient_checkpointing: Checkpointing::Auto,
+            recompute_activations: Recompute::Auto,
             share_prefix: true,
             max_logprob_drift: 0.05,
             truncated_importance_ratio: None,
@@ -60,27 +60,27 @@ impl UpdateConfig {
     }
 }
 
-/// Whether activations are recomputed in the backward pass (`update.gradient_checkpointing`):
+/// Whether activations are recomputed in the backward pass (`update.recompute_activations`):
 /// `true`, `false` or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Checkpointing {
+pub enum Recompute {
     Auto,
     On,
     Off,
 }
 
-impl Serialize for Checkpointing {
+impl Serialize for Recompute {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Checkpointing::Auto => s.serialize_str("auto"),
-            Checkpointing::On => s.serialize_bool(true),
-            Checkpointing::Off => s.serialize_bool(false),
+            Recompute::Auto => s.serialize_str("auto"),
+            Recompute::On => s.serialize_bool(true),
+            Recompute::Off => s.serialize_bool(false),
         }
     }
 }
 
-impl<'de> Deserialize<'de> for Checkpointing {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Checkpointing, D::Error> {
+impl<'de> Deserialize<'de> for Recompute {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Recompute, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Written {
@@ -88,9 +88,9 @@ impl<'de> Deserialize<'de> for Checkpointing {
             Word(String),
         }
         match Written::deserialize(d)? {
-            Written::Bool(true) => Ok(Checkpointing::On),
-            Written::Bool(false) => Ok(Checkpointing::Off),
-            Written::Word(w) if w == "auto" => Ok(Checkpointing::Auto),
+            Written::Bool(true) => Ok(Recompute::On),
+            Written::Bool(false) => Ok(Recompute::Off),
+            Written::Word(w) if w == "auto" => Ok(Recompute::Auto),
             Written::Word(w) => Err(serde::de::Error::custom(format!("{w:?} is not true, false or auto"))),
         }
     }

@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn scratch_config_takes_vocab_and_ids_from_the_tokenizer() {
         let (_, t) = built();
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/petting-tiny-qwen3");
         let c = scratch_config(&dir, &t).unwrap();
         assert_eq!(c.architecture, super::super::Architecture::Qwen3);
         assert_eq!(
@@ -355,7 +355,7 @@ mod tests {
     #[test]
     fn the_shipped_chat_template_is_the_chatml_constant_and_renders() {
         use super::super::{ChatMessage, ChatTemplate, TemplateOptions};
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/petting-tiny-qwen3");
         let text = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap();
         assert_eq!(text, CHATML_TEMPLATE);
         let template = ChatTemplate::from_dir(&dir).unwrap().unwrap();

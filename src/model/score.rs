@@ -27,7 +27,7 @@
 //!   b1 sees:   p0 p1 p2           b0 b1
 //! ```
 //!
-//! Gradient checkpointing keeps only each layer's input (B, L, E) from a no-grad forward,
+//! Recomputing activations (gradient checkpointing) keeps only each layer's input (B, L, E) from a no-grad forward,
 //! then walks the layers backwards, recomputing one layer at a time with gradients and
 //! back-propagating the incoming gradient through it: one extra forward, and activation
 //! memory of one layer instead of all.
@@ -52,7 +52,7 @@ pub struct ScoreRequest {
 }
 
 /// How [`LanguageModel::backward`] splits its requests: micro-batches of at most `max_tokens`
-/// padded tokens, activations recomputed in the backward pass when `checkpointing`,
+/// padded tokens, activations recomputed in the backward pass when `recompute`,
 /// lm_head's logits projected at most `max_logits` (tokens × vocabulary) at a time, and
 /// a prompt shared by several requests forwarded once when `share_prefix`. The logprobs
 /// are those of softmax(logits / `temperature`): the distribution a rollout sampled at
@@ -60,7 +60,7 @@ pub struct ScoreRequest {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MicroBatching {
     pub max_tokens: usize,
-    pub checkpointing: bool,
+    pub recompute: bool,
     pub max_logits: i64,
     pub share_prefix: bool,
     pub temperature: f64,
@@ -69,8 +69,8 @@ pub struct MicroBatching {
 impl MicroBatching {
     /// `max_tokens` per micro-batch, logits in chunks of 256 MiB, shared prompts once,
     /// temperature 1.
-    pub fn new(max_tokens: usize, checkpointing: bool) -> MicroBatching {
-        MicroBatching { max_tokens, checkpointing, max_logits: LOGIT_BUDGET, share_prefix: true, temperature: 1.0 }
+    pub fn new(max_tokens: usize, recompute: bool) -> MicroBatching {
+        MicroBatching { max_tokens, recompute, max_logits: LOGIT_BUDGET, share_prefix: true, temperature: 1.0 }
     }
 }
 
@@ -191,12 +191,12 @@ impl LanguageModel {
             max_logits: batching.max_logits,
             temperature: batching.temperature,
         };
-        if !(batching.checkpointing && training) {
+        if !(batching.recompute && training) {
             let hidden = self.lm.hidden(&input, &pass);
             return rows.logprobs_and_backward(&self.lm, &hidden, indices, mask, loss);
         }
 
-        // Gradient checkpointing. 1. No-grad forward keeping each layer's input.
+        // Recomputed activations. 1. No-grad forward keeping each layer's input.
         let lm = &mut self.lm;
         let mut inputs = Vec::with_capacity(lm.model.layers.len() + 1);
         tch::no_grad(|| {

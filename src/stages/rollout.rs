@@ -21,7 +21,7 @@ use super::{Error, Session};
 
 /// What helps a rollout that runs out of memory.
 const MEMORY_KNOB: &str = "a smaller rollout.kv_cache_gib, fewer prompts at once (rollout.tasks_per_iteration × \
-     rollout.k, or a shard per worker with --worker) or shorter ones (rollout.max_prompt_tokens, \
+     rollout.branches or episodes_per_task, or a shard per worker with --worker) or shorter ones (rollout.max_prompt_tokens, \
      rollout.sampling.max_new_tokens)";
 
 /// Plays iteration `iteration`'s batch (or one shard of it) and commits its `turns`.
@@ -75,7 +75,7 @@ fn setup(config: &RunConfig, iteration: u32) -> Setup {
         alone: config.workflow.alone,
         opponent: None,
         policies: config.agent_policies(),
-        branching: Branching::new(rollout.mode, rollout.k, rollout.select, config.algorithm.alpha),
+        branching: Branching::new(rollout.mode, rollout.group_size(), rollout.select, config.algorithm.alpha),
         seed_keys: vec![config.seed, iteration as u64, Key::ROLLOUT],
         overlong_prompt: rollout.overlong_prompt,
     }

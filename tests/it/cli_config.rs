@@ -36,6 +36,20 @@ fn config_check_checks_the_variant_its_set_keys_make() {
 }
 
 #[test]
+fn an_old_key_name_still_works_and_config_check_says_what_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = repo_root().join("models");
+    let text = std::fs::read_to_string(repo_root().join("pipelines/plan-path.yaml")).unwrap();
+    let old = text.replace("branches: 8", "k: 6").replace("../models", models.to_str().unwrap());
+    let path = dir.path().join("old.yaml");
+    std::fs::write(&path, old).unwrap();
+    let (ok, stdout, stderr) = run(&["config", "check", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("warning: `rollout.k` is deprecated: write `rollout.branches`"), "{stdout}");
+    assert!(stdout.contains(" x K=6, "), "{stdout}");
+}
+
+#[test]
 fn config_show_fills_in_the_defaults() {
     let path = repo_root().join("pipelines/plan-path.yaml");
     let (ok, stdout, stderr) = run(&["config", "show", path.to_str().unwrap()]);

@@ -119,7 +119,7 @@ fn fixtures_match_transformers_one_prompt_at_a_time() {
             for (j, (got, want)) in scored[0].iter().zip(&case.logprobs).enumerate() {
                 assert!((*got as f64 - want).abs() <= 1e-4, "{what}: scored logprob {j}: {got} vs {want}");
             }
-            // Cross-entropy and the gradient norm: plain, with gradient checkpointing, and
+            // Cross-entropy and the gradient norm: plain, with recomputed activations, and
             // with lm_head's logits projected two tokens at a time (with and without it).
             let two_tokens = 2 * policy.config().vocab_size as i64;
             for batching in [
@@ -507,10 +507,10 @@ fn a_shared_prompt_forwarded_once_gives_the_logprobs_and_gradients_of_separate_r
                     }
                 }
             }
-            for checkpointing in [false, true] {
-                let separate = MicroBatching { share_prefix: false, ..MicroBatching::new(1 << 20, checkpointing) };
+            for recompute in [false, true] {
+                let separate = MicroBatching { share_prefix: false, ..MicroBatching::new(1 << 20, recompute) };
                 let shared = MicroBatching { share_prefix: true, ..separate };
-                let what = format!("{family}, adapter {adapter:?}, checkpointing {checkpointing}");
+                let what = format!("{family}, adapter {adapter:?}, recompute {recompute}");
                 let (lp_a, grads_a) = logprobs_and_gradients(&mut policy, requests, &separate, adapter);
                 let (lp_b, grads_b) = logprobs_and_gradients(&mut policy, requests, &shared, adapter);
                 for (a, b) in lp_a.iter().zip(&lp_b) {

@@ -25,7 +25,7 @@ agents: {{tool: {{policy: coder}}, planner: {{policy: pilot}}}}
 policies:
   coder: {{model: {model}, optimizer: {{lr: 1.0e-3}}}}
   pilot: {{model: {model}, optimizer: {{lr: 1.0e-3}}}}
-rollout: {{tasks_per_iteration: 3, k: 3, sampling: {{temperature: 1.0, max_new_tokens: 12}}}}
+rollout: {{tasks_per_iteration: 3, branches: 3, sampling: {{temperature: 1.0, max_new_tokens: 12}}}}
 algorithm: {{name: at_grpo}}
 update: {{mini_batch_sequences: 9}}
 evaluation: {{every: 1, tasks: 4, modes: [multi_agent, single_agent], sampling: {{temperature: 0.0, max_new_tokens: 12}}}}

@@ -11,7 +11,7 @@ use crate::support::{repo_root, run};
 
 /// SmolLM2-135M-Instruct as a Hugging Face folder, as scripts/install/models.sh makes it.
 pub(crate) fn smollm2() -> PathBuf {
-    let dir = repo_root().join("checkpoints/smollm2-135m-instruct");
+    let dir = repo_root().join("models/smollm2-135m-instruct");
     assert!(dir.join("model.safetensors").exists(), "run scripts/install/models.sh smollm2");
     dir
 }
@@ -45,7 +45,7 @@ fn run_shipped(dir: &Path, pipeline: &str, settings: &[&str]) -> PathBuf {
         "data.train_tasks=8",
         "data.test_tasks=2",
         "rollout.tasks_per_iteration=2",
-        "rollout.k=2",
+        "rollout.branches=2",
         "workflow.max_turns=1",
         "algorithm.filter.drop_degenerate=false",
         "evaluation.tasks=2",

@@ -48,7 +48,7 @@ agents: {{tool: {{policy: tool_p}}, planner: {{policy: plan_p}}}}
 policies:
   tool_p: {{model: {model}, optimizer: {{lr: 0.001}}}}
   plan_p: {{model: {model}, optimizer: {{lr: 0.002}}, lora: {{rank: 4, alpha: 8.0}}}}
-rollout: {{tasks_per_iteration: 3, k: 4}}
+rollout: {{tasks_per_iteration: 3, branches: 4}}
 evaluation: {{tasks: 2}}
 data: {{train_tasks: 3, test_tasks: 2}}
 update: {{mini_batch_sequences: 5, micro_batch_tokens: 64}}

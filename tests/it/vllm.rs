@@ -33,7 +33,7 @@ iterations: {iterations}
 agents: {agents}
 policies:
 {policies}
-rollout: {{tasks_per_iteration: 2, k: 2, engine: vllm, sampling: {{temperature: 0.7, max_new_tokens: 24}}}}
+rollout: {{tasks_per_iteration: 2, branches: 2, engine: vllm, sampling: {{temperature: 0.7, max_new_tokens: 24}}}}
 evaluation: {{tasks: 2, samples: 1, at_start: false, engine: vllm, sampling: {{max_new_tokens: 24}}}}
 vllm: {vllm}
 "#,

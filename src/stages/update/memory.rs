@@ -1,12 +1,12 @@
 //! How an update's training fits in memory: micro-batches, and what helps when it does not.
 
-use crate::config::{Checkpointing, UpdateConfig};
+use crate::config::{Recompute, UpdateConfig};
 use crate::model::{LanguageModel, MicroBatching};
 
 /// What helps an update's training step that runs out of memory.
 pub(super) fn memory_knob(update: &UpdateConfig) -> String {
     format!(
-        "a smaller update.micro_batch_tokens (now {}) or update.gradient_checkpointing: true",
+        "a smaller update.micro_batch_tokens (now {}) or update.recompute_activations: true",
         update.micro_batch_tokens
     )
 }
@@ -15,13 +15,13 @@ pub(super) fn memory_knob(update: &UpdateConfig) -> String {
 /// configured or as the model needs.
 pub(super) fn micro_batching(update: &UpdateConfig, model: &LanguageModel) -> MicroBatching {
     let tokens = update.micro_batch_tokens as usize;
-    let checkpointing = match update.gradient_checkpointing {
-        Checkpointing::On => true,
-        Checkpointing::Off => false,
-        Checkpointing::Auto => model.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
+    let recompute = match update.recompute_activations {
+        Recompute::On => true,
+        Recompute::Off => false,
+        Recompute::Auto => model.activation_bytes_per_token() * tokens as u64 > AUTO_CHECKPOINTING_BYTES,
     };
-    MicroBatching { share_prefix: update.share_prefix, ..MicroBatching::new(tokens, checkpointing) }
+    MicroBatching { share_prefix: update.share_prefix, ..MicroBatching::new(tokens, recompute) }
 }
 
-/// Activations of one micro-batch above which `gradient_checkpointing: auto` turns it on.
+/// Activations of one micro-batch above which `recompute_activations: auto` turns it on.
 const AUTO_CHECKPOINTING_BYTES: u64 = 4 << 30;
