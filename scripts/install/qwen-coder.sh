@@ -7,7 +7,7 @@
 #   -> .models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf   (about 490 MB)
 #
 # Turn it into a Hugging Face folder with
-#   petting model import-gguf .models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf --output checkpoints/qwen2.5-coder-0.5b-instruct
+#   petting model import-gguf .models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf --output models/qwen2.5-coder-0.5b-instruct
 #
 # Idempotent: a complete install (the GGUF with the right sha256) is left alone.
 set -euo pipefail

@@ -19,7 +19,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 state="$root/target/vllm-test-server"
-model_default="$root/checkpoints/smollm2-135m-instruct"
+model_default="$root/models/smollm2-135m-instruct"
 
 serve() {
     local port="$1" model="${2:-$model_default}"
