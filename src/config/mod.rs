@@ -25,7 +25,7 @@ use crate::algo::AlgorithmConfig;
 use crate::envs::EnvConfig;
 use crate::envs::dataset::DataConfig;
 use crate::validate::{Invalid, check};
-use crate::workflows::{ALONE_OVER_TURNS, Role, WorkflowConfig, WorkflowKind};
+use crate::workflows::{ALONE_OVER_TURNS, Agent, WorkflowConfig, WorkflowKind};
 
 mod engine;
 mod evaluation;
@@ -89,7 +89,7 @@ pub struct RunConfig {
     /// Who acts in which order.
     pub workflow: WorkflowConfig,
     /// Each workflow role and the policy that plays it.
-    pub agents: BTreeMap<Role, AgentConfig>,
+    pub agents: BTreeMap<Agent, AgentConfig>,
     /// The trainable policies, by name.
     pub policies: BTreeMap<String, PolicyConfig>,
     /// How training trajectories are sampled.
@@ -455,26 +455,26 @@ impl RunConfig {
     }
 
     fn validate_agents(&self) -> Result<(), Invalid> {
-        let roles = self.workflow.kind.roles();
-        for role in roles {
+        let agents = self.workflow.kind.agents();
+        for agent in agents {
             check(
-                self.agents.contains_key(role),
+                self.agents.contains_key(agent),
                 "agents",
-                format!("the {:?} workflow needs an agent `{role}`", self.workflow.kind),
+                format!("the {:?} workflow needs an agent `{agent}`", self.workflow.kind),
             )?;
         }
-        for (role, agent) in &self.agents {
-            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+        for (agent, played) in &self.agents {
+            let names: Vec<&str> = agents.iter().map(|a| a.as_str()).collect();
             check(
-                roles.contains(role),
-                format!("agents.{role}"),
-                format!("is not a role of {:?}, whose roles are {names:?}", self.workflow.kind),
+                agents.contains(agent),
+                format!("agents.{agent}"),
+                format!("is not an agent of {:?}, whose agents are {names:?}", self.workflow.kind),
             )?;
             let known: Vec<&String> = self.policies.keys().collect();
             check(
-                self.policies.contains_key(&agent.policy),
-                format!("agents.{role}.policy"),
-                format!("names no policy `{}`; the policies are {known:?}", agent.policy),
+                self.policies.contains_key(&played.policy),
+                format!("agents.{agent}.policy"),
+                format!("names no policy `{}`; the policies are {known:?}", played.policy),
             )?;
         }
         for name in self.policies.keys() {
@@ -500,7 +500,7 @@ impl RunConfig {
         )?;
         // Independent episodes share a prompt only at the first turn of the first agent:
         // grouping their later turns by (task, agent, turn) compares different prompts.
-        let one_prompt = self.workflow.kind.roles().len() == 1 && self.workflow.max_turns == 1;
+        let one_prompt = self.workflow.kind.agents().len() == 1 && self.workflow.max_turns == 1;
         check(
             self.rollout.mode != RolloutMode::Independent
                 || self.algorithm.name.grouping() != Grouping::TaskAgentTurn
@@ -540,9 +540,9 @@ impl RunConfig {
         let modes = &self.evaluation.modes;
         let kind = self.workflow.kind;
         check(
-            !modes.contains(&EvalMode::Swapped) || kind.roles().len() == 2,
+            !modes.contains(&EvalMode::Swapped) || kind.agents().len() == 2,
             "evaluation.modes",
-            "swapped needs a workflow with two roles",
+            "swapped needs a workflow with two agents",
         )?;
         let alone = modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone));
         check(
@@ -559,7 +559,7 @@ impl RunConfig {
     }
 
     /// Which policy plays each role.
-    pub fn agent_policies(&self) -> HashMap<Role, String> {
+    pub fn agent_policies(&self) -> HashMap<Agent, String> {
         self.agents.iter().map(|(role, agent)| (*role, agent.policy.clone())).collect()
     }
 

@@ -25,7 +25,7 @@ use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
 use crate::tables::TaskRow;
-use crate::workflows::{Episode, Role, TurnOutcome, WorkflowKind, run_program};
+use crate::workflows::{Agent, Episode, TurnOutcome, WorkflowKind, run_program};
 
 /// One episode to play: a task's environment, and the key its random streams use.
 #[derive(Debug, Clone)]
@@ -72,9 +72,9 @@ pub struct Setup {
     pub alone: bool,
     /// A role the environment's solver plays (tic-tac-toe's minimax opponent at
     /// evaluation): its turns take the solver's move and are never sampled.
-    pub opponent: Option<Role>,
+    pub opponent: Option<Agent>,
     /// role -> policy
-    pub policies: HashMap<Role, String>,
+    pub policies: HashMap<Agent, String>,
     pub branching: Branching,
     /// Keys every seed of this run and stage starts with (run seed, iteration, stage key, …).
     pub seed_keys: Vec<u64>,
@@ -88,7 +88,7 @@ pub struct Candidate {
     pub task_index: usize,
     pub episode: u32,
     pub turn: u32,
-    pub agent: Role,
+    pub agent: Agent,
     pub policy: String,
     pub branch: u32,
     pub node_id: u32,
@@ -135,8 +135,8 @@ pub enum Error {
     Workflow(#[from] crate::workflows::Error),
     #[error(transparent)]
     Engine(#[from] crate::engine::Error),
-    #[error("no policy is mapped to the {role} agent (agents: in the config)")]
-    NoPolicy { role: Role },
+    #[error("no policy is mapped to the {agent} agent (agents: in the config)")]
+    NoPolicy { agent: Agent },
     #[error("the responder returned {got} replies for {asked} prompts")]
     ReplyCount { asked: usize, got: usize },
 }
@@ -286,7 +286,7 @@ fn overlong_tasks(
             continue;
         }
         let agent = track.episode.next_agent().expect("live");
-        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { role: agent })?;
+        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
         if !responder.fits(policy, &track.episode.prompt())? {
             found.push(task);
         }
@@ -296,7 +296,7 @@ fn overlong_tasks(
 
 /// Plays the solver's moves for `opponent` until another agent is to act or the episode
 /// ends.
-fn play_opponent(episode: &mut Episode, opponent: Role, sandbox: &Sandbox) {
+fn play_opponent(episode: &mut Episode, opponent: Agent, sandbox: &Sandbox) {
     while !episode.is_done() && episode.next_agent() == Some(opponent) {
         let Some(reply) = episode.oracle_reply() else { break };
         episode.step(&reply, sandbox);
@@ -326,8 +326,8 @@ fn sample_step(
     for &t in live {
         let track = &tracks[t];
         let agent = track.episode.next_agent().expect("live");
-        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { role: agent })?;
-        let role_index = setup.workflow.roles().iter().position(|r| *r == agent).unwrap_or(0) as u64;
+        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+        let role_index = setup.workflow.agents().iter().position(|r| *r == agent).unwrap_or(0) as u64;
         let text = track.episode.prompt();
         let task = text_key(&games[track.task_index].task_id);
         for b in 0..branches {
@@ -542,7 +542,7 @@ mod tests {
             max_turns: 1,
             alone: false,
             opponent: None,
-            policies: HashMap::from([(Role::Tool, "shared".into()), (Role::Planner, "shared".into())]),
+            policies: HashMap::from([(Agent::TOOL, "shared".into()), (Agent::PLANNER, "shared".into())]),
             branching: Branching::new(mode, 3, Selection::BestReward, 1.0),
             seed_keys: vec![7, 0],
             overlong_prompt: OverlongPrompt::Error,
@@ -572,7 +572,7 @@ mod tests {
         }
         // Step order: both tool groups, then both planner groups.
         let (tools, planners) = candidates.split_at(6);
-        assert!(tools.iter().all(|c| c.agent == Role::Tool && c.parent_id.is_none()));
+        assert!(tools.iter().all(|c| c.agent == Agent::TOOL && c.parent_id.is_none()));
         for task in 0..2 {
             let chosen = tools.iter().find(|c| c.task_index == task && c.selected).unwrap();
             assert_eq!(chosen.branch, 1, "bfs beats greedy and no program on these grids");
@@ -650,7 +650,7 @@ mod tests {
             max_turns: 5,
             alone: false,
             opponent: None,
-            policies: HashMap::from([(Role::PlayerX, "shared".into()), (Role::PlayerO, "shared".into())]),
+            policies: HashMap::from([(Agent::PLAYER_X, "shared".into()), (Agent::PLAYER_O, "shared".into())]),
             branching: Branching::Independent { episodes: 1 },
             seed_keys: vec![1],
             overlong_prompt: OverlongPrompt::Error,
@@ -658,11 +658,11 @@ mod tests {
         let played = play(&games, &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(played.finished[0].success, "first-free-cell O lets X complete the diagonal");
 
-        let policies = HashMap::from([(Role::PlayerX, "shared".into())]);
-        let minimax = Setup { opponent: Some(Role::PlayerO), policies, ..self_play };
+        let policies = HashMap::from([(Agent::PLAYER_X, "shared".into())]);
+        let minimax = Setup { opponent: Some(Agent::PLAYER_O), policies, ..self_play };
         let played = play(&games, &minimax, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(!played.finished[0].success, "{:?}", played.finished);
-        assert!(played.candidates.iter().all(|c| c.agent == Role::PlayerX));
+        assert!(played.candidates.iter().all(|c| c.agent == Agent::PLAYER_X));
         assert!(played.candidates.len() >= 2, "X moved more than once: O answered in between");
     }
 

@@ -33,7 +33,7 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, StageId};
 use crate::tables::EvalRow;
 use crate::tasks;
-use crate::workflows::{Role, WorkflowKind};
+use crate::workflows::{Agent, WorkflowKind};
 
 use super::{Error, Session};
 
@@ -117,12 +117,12 @@ pub async fn run(
 
 fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Setup {
     let configured = config.agent_policies();
-    let roles = config.workflow.kind.roles();
+    let roles = config.workflow.kind.agents();
     let (workflow, policies) = match mode {
         EvalMode::MultiAgent | EvalMode::Alone | EvalMode::ToolAlone => (config.workflow.kind, configured),
         EvalMode::SingleAgent => {
             let first = configured[&roles[0]].clone();
-            (WorkflowKind::SingleAgent, HashMap::from([(Role::Agent, first)]))
+            (WorkflowKind::SingleAgent, HashMap::from([(Agent::SINGLE, first)]))
         }
         EvalMode::Swapped => {
             let mut swapped = configured.clone();
@@ -149,9 +149,9 @@ fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> S
 
 /// The role tic-tac-toe's minimax plays at evaluation when `env.eval_opponent` asks for it:
 /// O, against the trained policy's X.
-fn opponent(config: &RunConfig, workflow: WorkflowKind) -> Option<Role> {
+fn opponent(config: &RunConfig, workflow: WorkflowKind) -> Option<Agent> {
     let EnvConfig::TicTacToe(game) = &config.env else { return None };
-    (game.eval_opponent == Opponent::Minimax && workflow == WorkflowKind::TwoPlayers).then_some(Role::PlayerO)
+    (game.eval_opponent == Opponent::Minimax && workflow == WorkflowKind::TwoPlayers).then_some(Agent::PLAYER_O)
 }
 
 /// `role=policy@vN` pairs in role order, e.g. `planner=shared@v3,tool=shared@v3`, or

@@ -8,7 +8,7 @@ use crate::envs::AnyEnv;
 use crate::envs::code::{Code, TestCase, TestResult, extract_program, run_tests};
 use crate::sandbox::{Program, Sandbox};
 
-use super::{NO_ANSWER, Role, TurnOutcome, env_step, prompts, shorten};
+use super::{Agent, NO_ANSWER, TurnOutcome, env_step, prompts, shorten};
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct CoderTester {
@@ -21,21 +21,21 @@ pub(super) struct CoderTester {
 }
 
 impl CoderTester {
-    pub(super) fn prompt(&self, env: &AnyEnv, agent: Role, history: &[String]) -> String {
+    pub(super) fn prompt(&self, env: &AnyEnv, agent: Agent, history: &[String]) -> String {
         match agent {
-            Role::Coder => prompts::coder(env, self.code.as_deref(), self.test_report.as_deref(), history),
+            Agent::CODER => prompts::coder(env, self.code.as_deref(), self.test_report.as_deref(), history),
             _ => prompts::tester(env, self.code.as_deref(), history),
         }
     }
 
-    pub(super) fn step(&mut self, env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    pub(super) fn step(&mut self, env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         match agent {
-            Role::Coder => self.coder_step(env, agent, reply, sandbox),
+            Agent::CODER => self.coder_step(env, agent, reply, sandbox),
             _ => self.tester_step(env, agent, reply, sandbox),
         }
     }
 
-    fn coder_step(&mut self, env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    fn coder_step(&mut self, env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         let mut outcome = env_step(env, agent, reply, sandbox);
         if let Some(code) = extract_program(reply) {
             self.code = Some(code);
@@ -56,7 +56,7 @@ impl CoderTester {
         results.iter().all(|r| r.passed)
     }
 
-    fn tester_step(&mut self, env: &AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    fn tester_step(&mut self, env: &AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         let mut outcome = TurnOutcome::blank(agent);
         let AnyEnv::Code(code_env) = env else { unreachable!("coder_tester plays code (Episode::new checks)") };
         let (tests, format) = match code_env.entry_point() {

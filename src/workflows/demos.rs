@@ -25,13 +25,13 @@ use crate::envs::{AnyEnv, Env, plan_path, sudoku};
 use crate::rng::SplitMix64;
 use crate::sandbox::{Program, RunOutput, Sandbox, Status};
 
-use super::{ADOPT_TOOL_ANSWER, Episode, Role, tool_preamble};
+use super::{ADOPT_TOOL_ANSWER, Agent, Episode, tool_preamble};
 
 /// One demonstrated reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Demo {
     pub turn: u32,
-    pub agent: Role,
+    pub agent: Agent,
     pub prompt: String,
     pub response: String,
     pub choice: &'static str,
@@ -105,7 +105,7 @@ impl Demonstrator {
         while let Some(agent) = episode.next_agent() {
             let prompt = episode.prompt();
             let turn = episode.turn();
-            let (response, choice, run) = if agent == Role::Tool {
+            let (response, choice, run) = if agent == Agent::TOOL {
                 let (program, choice, run) = self.tool(episode.env(), rng);
                 tool_output = run.ok().then(|| run.stdout.trim().to_string());
                 (fenced(&program), choice, Some(run))
@@ -285,7 +285,7 @@ mod tests {
             let episode = Episode::new(WorkflowKind::ToolPlanner, env, 1).unwrap();
             let demos = demonstrator.play(episode.clone(), &mut rng, &sb);
             assert_eq!(demos.len(), 2);
-            assert_eq!((demos[0].agent, demos[1].agent), (Role::Tool, Role::Planner));
+            assert_eq!((demos[0].agent, demos[1].agent), (Agent::TOOL, Agent::PLANNER));
             assert_eq!(demos[0].prompt, episode.prompt(), "the exact prompt the workflow builds");
             for d in &demos {
                 *counts.entry(d.choice).or_default() += 1;

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!  let mut episode = Episode::new(kind, env, max_turns)?;        // Clone + Send
-//!  while let Some(agent) = episode.next_agent() {                // a Role, e.g. Role::Tool
+//!  while let Some(agent) = episode.next_agent() {                // a Agent, e.g. Agent::TOOL
 //!      let prompt = episode.prompt();                            // identical for every clone
 //!      let reply  = model.sample(&prompt);
 //!      let outcome = episode.step(&reply, &sandbox);             // TurnOutcome
@@ -36,6 +36,7 @@
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
 
+mod agent;
 mod coder_tester;
 pub mod demos;
 pub mod prompts;
@@ -45,13 +46,12 @@ mod tool_planner;
 mod tool_reasoner;
 mod two_players;
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::envs::AnyEnv;
 use crate::sandbox::{Program, RunOutput, Sandbox};
 
+pub use agent::Agent;
 pub use coder_tester::parse_tests;
 pub use tool::{run_program, tool_preamble};
 pub use tool_planner::ADOPT_TOOL_ANSWER;
@@ -112,13 +112,13 @@ impl WorkflowKind {
     ];
 
     /// The roles of the workflow, in the order they act within a turn.
-    pub fn roles(self) -> &'static [Role] {
+    pub fn agents(self) -> &'static [Agent] {
         match self {
-            WorkflowKind::SingleAgent => &[Role::Agent],
-            WorkflowKind::ToolPlanner => &[Role::Tool, Role::Planner],
-            WorkflowKind::ToolReasoner => &[Role::Tool, Role::Reasoner],
-            WorkflowKind::CoderTester => &[Role::Coder, Role::Tester],
-            WorkflowKind::TwoPlayers => &[Role::PlayerX, Role::PlayerO],
+            WorkflowKind::SingleAgent => &[Agent::SINGLE],
+            WorkflowKind::ToolPlanner => &[Agent::TOOL, Agent::PLANNER],
+            WorkflowKind::ToolReasoner => &[Agent::TOOL, Agent::REASONER],
+            WorkflowKind::CoderTester => &[Agent::CODER, Agent::TESTER],
+            WorkflowKind::TwoPlayers => &[Agent::PLAYER_X, Agent::PLAYER_O],
         }
     }
 
@@ -145,55 +145,6 @@ impl WorkflowKind {
     }
 }
 
-/// A role in a workflow: the keys of `agents:` and the values of the `agent` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// The single agent.
-    Agent,
-    Tool,
-    Planner,
-    Reasoner,
-    Coder,
-    Tester,
-    PlayerX,
-    PlayerO,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Agent => "agent",
-            Role::Tool => "tool",
-            Role::Planner => "planner",
-            Role::Reasoner => "reasoner",
-            Role::Coder => "coder",
-            Role::Tester => "tester",
-            Role::PlayerX => "player_x",
-            Role::PlayerO => "player_o",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Roles sort by name, as the config's `agents:` mapping and the tables list them.
-impl Ord for Role {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.as_str().cmp(other.as_str())
-    }
-}
-
-impl PartialOrd for Role {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -209,7 +160,7 @@ pub enum Error {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TurnOutcome {
     pub turn: u32,
-    pub agent: Role,
+    pub agent: Agent,
     /// The parsed action as JSON; None when the reply did not parse.
     pub action: Option<String>,
     /// The action as later prompts show it, where the JSON would mislead or hide it.
@@ -227,7 +178,7 @@ pub struct TurnOutcome {
 
 impl TurnOutcome {
     /// An outcome before the reply is read: nothing done, nothing earned.
-    fn blank(agent: Role) -> TurnOutcome {
+    fn blank(agent: Agent) -> TurnOutcome {
         TurnOutcome {
             turn: 0,
             agent,
@@ -259,7 +210,7 @@ pub struct Episode {
     kind: WorkflowKind,
     env: AnyEnv,
     workflow: Workflow,
-    roles: Vec<Role>,
+    roles: Vec<Agent>,
     max_turns: u32,
     turn: u32,
     next: usize,
@@ -283,7 +234,7 @@ impl Episode {
         };
         let roles = match &env {
             AnyEnv::TicTacToe(game) => two_players::turn_order(game),
-            _ => kind.roles().to_vec(),
+            _ => kind.agents().to_vec(),
         };
         Ok(Episode {
             kind,
@@ -313,7 +264,7 @@ impl Episode {
     }
 
     /// The role that acts next, or None when the episode is over.
-    pub fn next_agent(&self) -> Option<Role> {
+    pub fn next_agent(&self) -> Option<Agent> {
         (!self.done).then(|| self.roles[self.next])
     }
 
@@ -374,7 +325,7 @@ impl Episode {
     /// tool agent and the reply holds one. [`Episode::step`] runs it itself; callers
     /// that already know a program's output (demonstrations) use [`Episode::step_with`].
     pub fn tool_program(&self, reply: &str) -> Option<Program> {
-        if self.next_agent() != Some(Role::Tool) {
+        if self.next_agent() != Some(Agent::TOOL) {
             return None;
         }
         tool::program(&self.env, reply)
@@ -451,7 +402,7 @@ impl Episode {
 
 /// A reply that acts on the real environment (single agent, planner, reasoner, coder,
 /// player).
-fn env_step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+fn env_step(env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
     let acted = env.act(reply, sandbox);
     let mut outcome = TurnOutcome::blank(agent);
     match (acted.action, acted.step) {

@@ -3,9 +3,9 @@
 use crate::envs::AnyEnv;
 use crate::sandbox::Sandbox;
 
-use super::{Role, TurnOutcome, env_step};
+use super::{Agent, TurnOutcome, env_step};
 
-pub(super) fn step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+pub(super) fn step(env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
     let mut outcome = env_step(env, agent, reply, sandbox);
     if matches!(env, AnyEnv::Math(_) | AnyEnv::Code(_)) {
         outcome.done = true;

@@ -30,20 +30,20 @@ fn python(code: &str) -> String {
 fn tool_and_planner_play_plan_path_to_the_goal() {
     let sb = sandbox();
     let mut episode = Episode::new(W::ToolPlanner, plan_path(), 2).unwrap();
-    assert_eq!((episode.next_agent(), episode.turn()), (Some(Role::Tool), 0));
+    assert_eq!((episode.next_agent(), episode.turn()), (Some(Agent::TOOL), 0));
     let prompt = episode.prompt();
     assert!(prompt.starts_with("You are the tool agent of a team of two."), "{prompt}");
     assert!(prompt.contains("Current state:\nS.G\n.#.\n...\nS = (0, 0) (you), G = (0, 2)"), "{prompt}");
     assert!(prompt.contains("bfs(grid, S, G): the moves of a shortest path"), "{prompt}");
 
     let tool = episode.step(&python("print(bfs(grid, S, G))"), &sb);
-    assert_eq!(tool.agent, Role::Tool);
+    assert_eq!(tool.agent, Agent::TOOL);
     assert_eq!(tool.action.as_deref(), Some(r#"["R","R"]"#));
     assert!(close(tool.local_reward, 3.49), "simulated on a copy: {}", tool.local_reward);
     assert_eq!((tool.team_reward, tool.done, tool.success), (0.0, false, false), "the real state did not move");
     assert_eq!(tool.feedback.as_deref(), Some("RR"));
 
-    assert_eq!(episode.next_agent(), Some(Role::Planner));
+    assert_eq!(episode.next_agent(), Some(Agent::PLANNER));
     let prompt = episode.prompt();
     assert!(prompt.starts_with("You are the planner of a team of two."), "{prompt}");
     assert!(prompt.contains("S = (0, 0) (you)"), "{prompt}");
@@ -299,13 +299,13 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     let game = || AnyEnv::TicTacToe(TicTacToe::from_instance(r#"{"board": ["...", "...", "..."]}"#).unwrap());
     let mut episode = Episode::new(W::TwoPlayers, game(), 5).unwrap();
     for (reply, agent) in [
-        ("#### 0,0", Role::PlayerX),
-        ("#### 1,1", Role::PlayerO),
-        ("#### 0,1", Role::PlayerX),
-        ("#### 2,2", Role::PlayerO),
+        ("#### 0,0", Agent::PLAYER_X),
+        ("#### 1,1", Agent::PLAYER_O),
+        ("#### 0,1", Agent::PLAYER_X),
+        ("#### 2,2", Agent::PLAYER_O),
     ] {
         assert_eq!(episode.next_agent(), Some(agent));
-        assert!(episode.prompt().contains(if agent == Role::PlayerX { "You play X." } else { "You play O." }));
+        assert!(episode.prompt().contains(if agent == Agent::PLAYER_X { "You play X." } else { "You play O." }));
         episode.step(reply, &sb);
     }
     let prompt = episode.prompt();
@@ -316,7 +316,7 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     let win = episode.step("#### 0,2", &sb);
     assert_eq!(
         (win.agent, win.local_reward, win.done, win.success, win.team_reward),
-        (Role::PlayerX, 1.0, true, true, 1.0)
+        (Agent::PLAYER_X, 1.0, true, true, 1.0)
     );
 
     let mut episode = Episode::new(W::TwoPlayers, game(), 5).unwrap();
@@ -327,13 +327,13 @@ fn two_players_alternate_and_an_unreadable_reply_forfeits() {
     let mut episode = Episode::new(W::TwoPlayers, game(), 5).unwrap();
     episode.step("#### 0,0", &sb);
     let forfeit = episode.step("hmm", &sb);
-    assert_eq!((forfeit.agent, forfeit.local_reward, forfeit.team_reward), (Role::PlayerO, NO_ANSWER, 0.0));
+    assert_eq!((forfeit.agent, forfeit.local_reward, forfeit.team_reward), (Agent::PLAYER_O, NO_ANSWER, 0.0));
     assert_eq!((forfeit.success, episode.env().team_reward()), (true, 1.0), "scored from X's side");
 
     // O opens when the start position has O to move.
     let start = TicTacToe::from_instance(r#"{"board": ["X..", "...", "..."]}"#).unwrap();
     let episode = Episode::new(W::TwoPlayers, AnyEnv::TicTacToe(start), 5).unwrap();
-    assert_eq!(episode.next_agent(), Some(Role::PlayerO));
+    assert_eq!(episode.next_agent(), Some(Agent::PLAYER_O));
     assert_eq!(episode.oracle_reply().as_deref(), Some("#### 1,1"));
     // The example is the only taken cell, said to be taken: copying it is not a move.
     let prompt = episode.prompt();

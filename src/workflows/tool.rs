@@ -6,7 +6,7 @@ use crate::envs::AnyEnv;
 use crate::envs::code::extract_program;
 use crate::sandbox::{Program, RunOutput, Sandbox, Status};
 
-use super::{NO_ANSWER, Role, TurnOutcome, prompts, shorten};
+use super::{Agent, NO_ANSWER, TurnOutcome, prompts, shorten};
 
 /// Output of a tool program shown to the teammate, at most this many characters.
 const TOOL_OUTPUT_SHOWN: usize = 600;
@@ -59,7 +59,7 @@ pub(super) fn read(
     reply: &str,
     run: Option<RunOutput>,
 ) -> Result<(TurnOutcome, RunOutput), TurnOutcome> {
-    let mut outcome = TurnOutcome::blank(Role::Tool);
+    let mut outcome = TurnOutcome::blank(Agent::TOOL);
     memory.answer = None;
     memory.solved = false;
     let (Some(code), Some(run)) = (extract_program(reply), run) else {

@@ -7,7 +7,7 @@ use crate::envs::AnyEnv;
 use crate::sandbox::{RunOutput, Sandbox};
 
 use super::tool::{self, ToolMemory};
-use super::{NO_ANSWER, Role, TurnOutcome, env_step, prompts};
+use super::{Agent, NO_ANSWER, TurnOutcome, env_step, prompts};
 
 /// A planner's answer that adopts the tool agent's answer as it stands (`#### tool`):
 /// trusting the tool is one decision, not a copy the model must get right move by move.
@@ -21,9 +21,9 @@ pub(super) struct ToolPlanner {
 }
 
 impl ToolPlanner {
-    pub(super) fn prompt(&self, env: &AnyEnv, agent: Role, history: &[String]) -> String {
+    pub(super) fn prompt(&self, env: &AnyEnv, agent: Agent, history: &[String]) -> String {
         match agent {
-            Role::Tool => prompts::tool_agent(env, history),
+            Agent::TOOL => prompts::tool_agent(env, history),
             _ => prompts::planner(env, self.tool.report.as_deref(), history),
         }
     }
@@ -31,12 +31,12 @@ impl ToolPlanner {
     pub(super) fn step(
         &mut self,
         env: &mut AnyEnv,
-        agent: Role,
+        agent: Agent,
         reply: &str,
         run: Option<RunOutput>,
         sandbox: &Sandbox,
     ) -> TurnOutcome {
-        if agent != Role::Tool {
+        if agent != Agent::TOOL {
             return self.planner_step(env, agent, reply, sandbox);
         }
         let outcome = self.tool_step(env, reply, run, sandbox);
@@ -72,7 +72,7 @@ impl ToolPlanner {
     }
 
     /// Acts on the real state, with `#### tool` standing for the tool agent's answer.
-    fn planner_step(&mut self, env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    fn planner_step(&mut self, env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         let adopts = reply.rsplit_once("####").is_some_and(|(_, answer)| answer.trim() == ADOPT_TOOL_ANSWER);
         let reply = match &self.tool.answer {
             Some(tool) if adopts => format!("#### {tool}"),

@@ -7,7 +7,7 @@ use crate::envs::math::{Math, extract_output_answer};
 use crate::sandbox::{RunOutput, Sandbox};
 
 use super::tool::{self, ToolMemory};
-use super::{NO_ANSWER, Role, TurnOutcome, env_step, prompts};
+use super::{Agent, NO_ANSWER, TurnOutcome, env_step, prompts};
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct ToolReasoner {
@@ -23,9 +23,9 @@ fn math(env: &AnyEnv) -> &Math {
 }
 
 impl ToolReasoner {
-    pub(super) fn prompt(&self, env: &AnyEnv, agent: Role, history: &[String]) -> String {
+    pub(super) fn prompt(&self, env: &AnyEnv, agent: Agent, history: &[String]) -> String {
         match agent {
-            Role::Tool => prompts::tool_agent(env, history),
+            Agent::TOOL => prompts::tool_agent(env, history),
             _ => prompts::reasoner(env, self.tool.report.as_deref(), history),
         }
     }
@@ -33,13 +33,13 @@ impl ToolReasoner {
     pub(super) fn step(
         &mut self,
         env: &mut AnyEnv,
-        agent: Role,
+        agent: Agent,
         reply: &str,
         run: Option<RunOutput>,
         sandbox: &Sandbox,
     ) -> TurnOutcome {
         match agent {
-            Role::Tool => self.tool_step(math(env), reply, run),
+            Agent::TOOL => self.tool_step(math(env), reply, run),
             _ => self.reasoner_step(env, agent, reply, sandbox),
         }
     }
@@ -65,7 +65,7 @@ impl ToolReasoner {
         outcome
     }
 
-    fn reasoner_step(&mut self, env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+    fn reasoner_step(&mut self, env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
         let mut outcome = env_step(env, agent, reply, sandbox);
         self.reasoner_answer = outcome.action.as_ref().and_then(|a| serde_json::from_str(a).ok());
         outcome.done |= self.answers_agree(math(env));

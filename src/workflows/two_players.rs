@@ -5,19 +5,19 @@ use crate::envs::tic_tac_toe::{Mark, TicTacToe};
 use crate::envs::{AnyEnv, Env};
 use crate::sandbox::Sandbox;
 
-use super::{Role, TurnOutcome, WorkflowKind, env_step};
+use super::{Agent, TurnOutcome, WorkflowKind, env_step};
 
 /// The roles in the order they move: the player whose mark moves first in the start
 /// position opens every turn.
-pub(super) fn turn_order(game: &TicTacToe) -> Vec<Role> {
-    let mut roles = WorkflowKind::TwoPlayers.roles().to_vec();
+pub(super) fn turn_order(game: &TicTacToe) -> Vec<Agent> {
+    let mut roles = WorkflowKind::TwoPlayers.agents().to_vec();
     if game.to_move() == Mark::O {
         roles.reverse();
     }
     roles
 }
 
-pub(super) fn step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
+pub(super) fn step(env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> TurnOutcome {
     let mut outcome = env_step(env, agent, reply, sandbox);
     let AnyEnv::TicTacToe(game) = env else { unreachable!("two players play tic-tac-toe (Episode::new checks)") };
     match &outcome.action {
@@ -38,6 +38,6 @@ pub(super) fn step(env: &mut AnyEnv, agent: Role, reply: &str, sandbox: &Sandbox
 /// The mover's own result, as its team reward: in self-play each player is its own
 /// team. Scored from X's side, O's forfeit was X's win and earned O the team reward
 /// that cancelled its penalty, so O's groups were flat (RESULTS.md, tic-tac-toe).
-pub(super) fn own_result(game: &TicTacToe, agent: Role) -> f64 {
-    game.result_for(if agent == Role::PlayerO { Mark::O } else { Mark::X })
+pub(super) fn own_result(game: &TicTacToe, agent: Agent) -> f64 {
+    game.result_for(if agent == Agent::PLAYER_O { Mark::O } else { Mark::X })
 }

@@ -16,7 +16,7 @@ use petting::schema::Table;
 use petting::stages::{self, Session, advantage, group, update};
 use petting::store::{CommitInfo, CommitMarker, Partition, RunStore, Split, Stage, StageId};
 use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
-use petting::workflows::Role;
+use petting::workflows::Agent;
 use tch::Kind;
 
 use crate::support::block_on;
@@ -110,7 +110,7 @@ fn turn_rows(loaded: &mut LoadedPolicies, config: &RunConfig, iteration: u32) ->
     let mut mix = Mix::new(u64::from(iteration) + 5);
     let mut rows = Vec::new();
     for task in 0..TASKS {
-        for (role, agent) in [(Role::Tool, "tool"), (Role::Planner, "planner")] {
+        for (role, agent) in [(Agent::TOOL, "tool"), (Agent::PLANNER, "planner")] {
             let policy = config.agents[&role].policy.clone();
             let prompt: Vec<i32> = (0..6 + mix.below(6)).map(|_| 3 + mix.below(500) as i32).collect();
             for branch in 0..K {
