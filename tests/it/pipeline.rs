@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::support::{output_of, petting, repo_root, run};
+use crate::support::{RunFile, output_of, petting, repo_root, run};
 
 /// Two iterations of Plan-Path with a tool agent and a planner on separate policies, so
 /// routing is visible, both starting from the tiny Qwen3 fixture made by transformers.
@@ -13,8 +13,13 @@ pub(crate) fn write_config(dir: &Path, name: &str, run_dir: &Path, seed: u64) ->
 
 /// `write_config` with any store URL (`s3://…`).
 pub(crate) fn write_config_for(dir: &Path, name: &str, store: &str, seed: u64) -> String {
+    run_file(store, seed).write(&dir.join(format!("{name}.yaml")))
+}
+
+/// The run file of `write_config`, for a test to set keys in.
+pub(crate) fn run_file(store: &str, seed: u64) -> RunFile {
     let model = crate::support::fixture("hf-tiny-qwen3");
-    let text = format!(
+    RunFile::new(&format!(
         r#"store: {store}
 seed: {seed}
 iterations: 2
@@ -31,22 +36,7 @@ update: {{mini_batch_sequences: 9}}
 evaluation: {{every: 1, tasks: 4, modes: [multi_agent, single_agent], sampling: {{temperature: 0.0, max_new_tokens: 12}}}}
 "#,
         model = model.display(),
-    );
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(&path, text).unwrap();
-    path.to_string_lossy().into_owned()
-}
-
-/// `write_config` with each `(from, to)` replaced in the written file.
-fn write_edited_config(dir: &Path, name: &str, run_dir: &Path, seed: u64, edits: &[(&str, &str)]) -> String {
-    let path = write_config(dir, name, run_dir, seed);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let text = edits.iter().fold(text, |text, (from, to)| {
-        assert!(text.contains(from), "{from:?} is not in the test config");
-        text.replace(from, to)
-    });
-    std::fs::write(&path, text).unwrap();
-    path
+    ))
 }
 
 fn sql(run_dir: &Path, query: &str) -> String {
@@ -485,7 +475,9 @@ fn a_replay_fork_regroups_the_same_turns_with_another_algorithm() {
     let dir = tempfile::tempdir().unwrap();
     let (a, r, m) = (reference_run(), dir.path().join("r"), dir.path().join("m"));
     let with_grpo = |name: &str, run_dir: &Path, seed: u64| {
-        write_edited_config(dir.path(), name, run_dir, seed, &[("{name: at_grpo}", "{name: grpo}")])
+        run_file(&run_dir.display().to_string(), seed)
+            .set("algorithm.name", "grpo")
+            .write(&dir.path().join(format!("{name}.yaml")))
     };
     let replay = format!("{}@1:group", a.display());
 
@@ -523,13 +515,10 @@ fn url_of(run_dir: &Path) -> String {
 fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
     let dir = tempfile::tempdir().unwrap();
     let (a, l) = (reference_run(), dir.path().join("l"));
-    let config = write_edited_config(
-        dir.path(),
-        "l",
-        &l,
-        5,
-        &[("optimizer: {lr: 1.0e-3}}", "optimizer: {lr: 1.0e-3}, lora: {rank: 4}}")],
-    );
+    let config = run_file(&l.display().to_string(), 5)
+        .set("policies.coder.lora", "{rank: 4}")
+        .set("policies.pilot.lora", "{rank: 4}")
+        .write(&dir.path().join("l.yaml"));
     let text = std::fs::read_to_string(&config).unwrap();
     assert_eq!(text.matches("lora").count(), 2, "{text}");
 
@@ -552,11 +541,10 @@ fn a_fork_into_lora_policies_puts_fresh_adapters_on_the_forked_weights() {
 fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together() {
     let dir = tempfile::tempdir().unwrap();
     let (a, s) = (reference_run(), dir.path().join("s"));
-    let edits = [
-        ("max_turns: 1}", "max_turns: 1, alone: true}"),
-        ("modes: [multi_agent, single_agent]", "modes: [multi_agent, alone, tool_alone]"),
-    ];
-    let config = write_edited_config(dir.path(), "s", &s, 5, &edits);
+    let config = run_file(&s.display().to_string(), 5)
+        .set("workflow.alone", "true")
+        .set("evaluation.modes", "[multi_agent, alone, tool_alone]")
+        .write(&dir.path().join("s.yaml"));
 
     let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--from", &format!("{}@1", a.display())]);
     assert!(ok, "{stdout}{stderr}");

@@ -13,25 +13,27 @@ use petting::stages::{self, advantage, group};
 use petting::store::{RunStore, Stage, StageId};
 use petting::tables::{GroupRow, SampleRow, TurnRow};
 
-use crate::support::{block_on, synthetic};
+use crate::support::{RunFile, block_on, synthetic};
 
-fn config_text(algorithm: &str, filter: &str) -> String {
-    format!(
+fn run_file(algorithm: &str, filter: &str) -> RunFile {
+    RunFile::new(
         "store: memory://run
 iterations: 1
-env: {{name: plan_path}}
-workflow: {{kind: tool_planner}}
-agents: {{tool: {{policy: shared}}, planner: {{policy: shared}}}}
-policies: {{shared: {{model: m}}}}
-algorithm: {{name: {algorithm}, alpha: 0.5, filter: {filter}}}
-"
+env: {name: plan_path}
+workflow: {kind: tool_planner}
+agents: {tool: {policy: shared}, planner: {policy: shared}}
+policies: {shared: {model: m}}
+algorithm: {alpha: 0.5}
+",
     )
+    .set("algorithm.name", algorithm)
+    .set("algorithm.filter", filter)
 }
 
 /// A run with a frozen config and one committed rollout of synthetic turns.
 async fn run_with_rollout(algorithm: &str, filter: &str) -> (RunStore, RunConfig, Vec<TurnRow>) {
     let store = RunStore::from_object_store(Arc::new(InMemory::new()), "run", "memory://run");
-    let text = config_text(algorithm, filter);
+    let text = run_file(algorithm, filter).text();
     store.init_config(&text).await.unwrap();
     let config = config::parse(&text, std::path::Path::new("it.yaml")).unwrap();
     synthetic::commit_turns(&store, 1, 512, 200).await;
@@ -123,7 +125,10 @@ fn every_estimator_matches_its_pure_function() {
 fn a_truncation_penalty_is_added_to_the_reward_of_cut_replies_only() {
     block_on(async {
         let store = RunStore::from_object_store(Arc::new(InMemory::new()), "run", "memory://run");
-        let text = config_text("at_grpo", "{}, truncated: penalty, truncation_penalty: -0.75");
+        let text = run_file("at_grpo", "{}")
+            .set("algorithm.truncated", "penalty")
+            .set("algorithm.truncation_penalty", "-0.75")
+            .text();
         store.init_config(&text).await.unwrap();
         let config = config::parse(&text, std::path::Path::new("it.yaml")).unwrap();
         let mut turns = synthetic::turn_rows(0, 512, 7);

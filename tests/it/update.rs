@@ -19,8 +19,8 @@ use petting::tables::{self, DemonstrationRow, SampleRow, TurnRow, UpdateRow};
 use petting::workflows::Agent;
 use tch::Kind;
 
-use crate::support::block_on;
 use crate::support::synthetic::Mix;
+use crate::support::{RunFile, block_on};
 
 /// The update's own refusal inside a stage error.
 fn refusal(err: &stages::Error) -> &update::Error {
@@ -35,9 +35,9 @@ fn fixture() -> PathBuf {
 }
 
 /// Two policies on the tiny Qwen3: `tool_p` fine-tunes all weights, `plan_p` a LoRA adapter.
-fn config_text(store: &Path, extra: &str) -> String {
+fn run_file(store: &Path) -> RunFile {
     let model = fixture().display().to_string();
-    format!(
+    RunFile::new(&format!(
         "store: {store}
 name: it
 seed: 11
@@ -52,9 +52,9 @@ rollout: {{tasks_per_iteration: 3, branches: 4}}
 evaluation: {{tasks: 2}}
 data: {{train_tasks: 3, test_tasks: 2}}
 update: {{mini_batch_sequences: 5, micro_batch_tokens: 64}}
-{extra}",
+",
         store = store.display()
-    )
+    ))
 }
 
 struct Run {
@@ -64,19 +64,16 @@ struct Run {
     config: RunConfig,
 }
 
-fn new_run(extra: &str) -> Run {
-    new_run_edited(extra, &[])
+fn new_run() -> Run {
+    new_run_with(|file| file)
 }
 
-/// `new_run` with each `(from, to)` replaced in the config text.
-fn new_run_edited(extra: &str, edits: &[(&str, &str)]) -> Run {
+/// `new_run` with keys of its run file set by `set`.
+fn new_run_with(set: impl FnOnce(RunFile) -> RunFile) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run");
     std::fs::create_dir_all(&path).unwrap();
-    let text = edits.iter().fold(config_text(&path, extra), |text, (from, to)| {
-        assert!(text.contains(from), "{from:?} is not in the test config");
-        text.replace(from, to)
-    });
+    let text = set(run_file(&path)).text();
     let config = config::parse(&text, Path::new("it.yaml")).unwrap();
     let store = RunStore::open(path.to_str().unwrap()).unwrap();
     block_on(store.init_config(&text)).unwrap();
@@ -273,7 +270,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
-    let run = new_run("");
+    let run = new_run();
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     assert_eq!(v0.stage_id().marker_path(), "_commits/update.json");
     let versions: Vec<(String, u32)> = v0.checkpoints.iter().map(|c| (c.policy.clone(), c.version)).collect();
@@ -350,7 +347,7 @@ fn optimizer_state(run: &Run, marker: &CommitMarker, policy: &str) -> Option<Ada
 
 #[test]
 fn the_optimiser_continues_from_the_version_it_trains() {
-    let run = new_run("");
+    let run = new_run();
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     assert!(optimizer_state(&run, &v0, "tool_p").is_none(), "v0 has not been optimised yet");
     let mut steps = [0u64; 2];
@@ -387,17 +384,11 @@ fn sql_rows(run: &Run, query: &str) -> Vec<String> {
 
 #[test]
 fn bf16_weights_learn_at_a_realistic_learning_rate_and_bf16_lora_trains_on_cpu() {
-    let model = fixture().display().to_string();
-    let run = new_run_edited(
-        "",
-        &[
-            (
-                &format!("tool_p: {{model: {model}, optimizer: {{lr: 0.001}}}}"),
-                &format!("tool_p: {{model: {model}, dtype: bf16, optimizer: {{lr: 1.0e-6}}}}"),
-            ),
-            (&format!("plan_p: {{model: {model}, "), &format!("plan_p: {{model: {model}, dtype: bf16, ")),
-        ],
-    );
+    let run = new_run_with(|file| {
+        file.set("policies.tool_p.dtype", "bf16")
+            .set("policies.tool_p.optimizer.lr", "1.0e-6")
+            .set("policies.plan_p.dtype", "bf16")
+    });
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
     let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
@@ -439,11 +430,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("model-"));
     assert!(shards.count() >= 5 && !sharded.join("model.safetensors").exists());
-    let fixture_model = fixture().display().to_string();
-    let run = new_run_edited(
-        "",
-        &[(&format!("plan_p: {{model: {fixture_model}"), &format!("plan_p: {{model: {}", sharded.display()))],
-    );
+    let run = new_run_with(|file| file.set("policies.plan_p.model", &sharded.display().to_string()));
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let base_files = v0.files.iter().filter(|f| f.path.starts_with("checkpoints/plan_p/base.")).count();
     assert!(base_files >= 6, "the index and every shard are committed ({base_files})");
@@ -464,7 +451,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
 
 #[test]
 fn update_refuses_a_rollout_sampled_with_other_weights() {
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::WeightsHash));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
@@ -479,7 +466,7 @@ fn update_refuses_a_rollout_sampled_with_other_weights() {
 
 #[test]
 fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
-    let run = new_run("");
+    let run = new_run();
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
     // Same size, one byte different: only the sha256 tells.
@@ -503,7 +490,7 @@ fn update_refuses_a_checkpoint_file_swapped_after_the_rollout() {
 
 #[test]
 fn update_refuses_a_row_of_another_version() {
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowVersion));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
@@ -514,7 +501,7 @@ fn update_refuses_a_row_of_another_version() {
 
 #[test]
 fn update_refuses_a_row_sampled_by_other_weights_than_its_version() {
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let rows = block_on(rollout(&run, 0, Tamper::RowWeights));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
@@ -532,7 +519,7 @@ fn update_refuses_a_row_sampled_by_other_weights_than_its_version() {
 
 #[test]
 fn update_refuses_a_turns_part_of_another_iteration() {
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::ForeignPart));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
@@ -543,7 +530,7 @@ fn update_refuses_a_turns_part_of_another_iteration() {
 
 #[test]
 fn update_refuses_logprobs_the_weights_do_not_give() {
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::Logprobs));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
@@ -560,7 +547,7 @@ fn update_refuses_logprobs_the_weights_do_not_give() {
 
 #[test]
 fn masked_truncated_replies_are_counted_and_left_out_of_the_loss() {
-    let run = new_run_edited("", &[("update: {", "algorithm: {truncated: mask}\nupdate: {")]);
+    let run = new_run_with(|file| file.set("algorithm.truncated", "mask"));
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let turns = block_on(rollout(&run, 0, Tamper::Truncated));
     let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
@@ -582,7 +569,7 @@ fn masked_truncated_replies_are_counted_and_left_out_of_the_loss() {
 #[test]
 fn update_refuses_to_commit_weights_a_step_made_non_finite() {
     // lr 1e39 is beyond float32: the first AdamW step writes infinities into tool_p.
-    let run = new_run_edited("", &[("optimizer: {lr: 0.001}", "optimizer: {lr: 1.0e39}")]);
+    let run = new_run_with(|file| file.set("policies.tool_p.optimizer.lr", "1.0e39"));
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
@@ -597,7 +584,7 @@ fn update_refuses_to_commit_weights_a_step_made_non_finite() {
 
 #[test]
 fn update_refuses_a_checkpoint_whose_weights_give_non_finite_logprobs() {
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     block_on(rollout(&run, 0, Tamper::None));
     // The rollout's rows are sound, but the copy of plan_p (trained first) that the
@@ -622,8 +609,7 @@ fn update_refuses_a_checkpoint_whose_weights_give_non_finite_logprobs() {
 
 #[test]
 fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
-    let run =
-        new_run_edited("", &[("optimizer: {lr: 0.001}}", "optimizer: {lr: 0.001}, lora: {rank: 4, alpha: 8.0}}")]);
+    let run = new_run_with(|file| file.set("policies.tool_p.lora", "{rank: 4, alpha: 8.0}"));
     let v0 = block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     let bases: std::collections::BTreeSet<&str> =
         v0.files.iter().filter(|f| f.path.contains("/base.")).map(|f| f.path.rsplit_once('/').unwrap().0).collect();
@@ -655,7 +641,7 @@ fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
 #[test]
 fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
     // tool_p is a full model and plan_p an adapter on a base of its own: two models.
-    let run = new_run("");
+    let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
     assert_eq!(block_on(policies::load_all(&run.store, &run.config, 0)).unwrap().model_count(), 2);
     block_on(rollout(&run, 0, Tamper::None));
@@ -688,7 +674,7 @@ fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
 
 #[test]
 fn checkpoints_of_a_non_local_run_load_through_the_cache() {
-    let text = config_text(Path::new("memory-run"), "");
+    let text = run_file(Path::new("memory-run")).text();
     let config = config::parse(&text, Path::new("it.yaml")).unwrap();
     let store =
         RunStore::from_object_store(std::sync::Arc::new(object_store::memory::InMemory::new()), "r", "memory://r");
@@ -710,7 +696,7 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
 
 #[test]
 fn update_refuses_without_v0_or_out_of_step() {
-    let run = new_run("");
+    let run = new_run();
     // No v0 committed: nothing to train from.
     block_on(async {
         let mut writer = run.store.begin(StageId::at(Stage::Rollout, 0));

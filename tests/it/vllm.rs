@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::pipeline::{pipeline, sql_rows};
 use crate::real_model::math_tasks;
-use crate::support::{free_port, petting, repo_root, run, vllm_server};
+use crate::support::{RunFile, free_port, petting, repo_root, run, vllm_server};
 
 /// The model folder the test servers load (scripts/install/models.sh imports it from
 /// the GGUF), or its copy with the LM head untied from the embedding, which vLLM can reload.
@@ -22,27 +22,23 @@ fn served_model(untied: bool) -> PathBuf {
 /// and evaluating through vLLM, at temperature 0.7: the logprobs vLLM returns must be
 /// those of the tempered distribution, which the update recomputes (the gap checks).
 fn write_config(dir: &Path, iterations: u32, agents: &str, policies: &str, vllm: &str) -> PathBuf {
-    let config = dir.join("run.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"store: {store}
+    let path = dir.join("run.yaml");
+    RunFile::new(&format!(
+        r#"store: {store}
 seed: 7
-iterations: {iterations}
 {math}
-agents: {agents}
-policies:
-{policies}
 rollout: {{tasks_per_iteration: 2, branches: 2, engine: vllm, sampling: {{temperature: 0.7, max_new_tokens: 24}}}}
 evaluation: {{tasks: 2, samples: 1, at_start: false, engine: vllm, sampling: {{max_new_tokens: 24}}}}
-vllm: {vllm}
 "#,
-            store = dir.join("run").display(),
-            math = math_tasks(),
-        ),
-    )
-    .unwrap();
-    config
+        store = dir.join("run").display(),
+        math = math_tasks(),
+    ))
+    .set("iterations", &iterations.to_string())
+    .set("agents", agents)
+    .set("policies", policies)
+    .set("vllm", vllm)
+    .write(&path);
+    path
 }
 
 /// One full-weight policy for both roles whose update moves every weight: with all
@@ -52,7 +48,7 @@ fn decaying_full_policy(untied: bool) -> (String, String) {
     let model = served_model(untied);
     (
         "{tool: {policy: shared}, reasoner: {policy: shared}}".into(),
-        format!("  shared: {{model: {}, optimizer: {{lr: 0.1, weight_decay: 1.0}}}}", model.display()),
+        format!("{{shared: {{model: {}, optimizer: {{lr: 0.1, weight_decay: 1.0}}}}}}", model.display()),
     )
 }
 
@@ -62,8 +58,8 @@ fn lora_roles_sample_through_vllm_with_exactly_their_version() {
     let dir = tempfile::tempdir().unwrap();
     let model = served_model(false);
     let policies = format!(
-        "  tool_p: {{model: {m}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}\n  \
-         reasoner_p: {{model: {m}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}",
+        "{{tool_p: {{model: {m}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}, \
+         reasoner_p: {{model: {m}, lora: {{rank: 8, alpha: 16.0}}, optimizer: {{lr: 1.0e-4}}}}}}",
         m = model.display()
     );
     let agents = "{tool: {policy: tool_p}, reasoner: {policy: reasoner_p}}";
@@ -117,7 +113,7 @@ fn a_server_that_kept_the_previous_version_is_refused_at_a_realistic_learning_ra
     // probe can see, but not the same weights.
     let model = served_model(false);
     let agents = "{tool: {policy: shared}, reasoner: {policy: shared}}";
-    let policies = format!("  shared: {{model: {}, optimizer: {{lr: 1.0e-6, weight_decay: 1.0}}}}", model.display());
+    let policies = format!("{{shared: {{model: {}, optimizer: {{lr: 1.0e-6, weight_decay: 1.0}}}}}}", model.display());
     let config = write_config(dir.path(), 1, agents, &policies, &format!("{{url: {url}, load_weights: false}}"));
     let (ok, stdout, stderr) = run(&["pipeline", "run", config.to_str().unwrap()]);
     assert!(!ok, "{stdout}");

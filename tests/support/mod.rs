@@ -136,3 +136,38 @@ pub fn healthy(url: &str) -> bool {
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
+
+/// A test's run file, whose keys a test sets as `--set` does (`set("algorithm.name", "grpo")`)
+/// rather than by editing text.
+#[derive(Debug, Clone)]
+pub struct RunFile(serde_json::Value);
+
+impl RunFile {
+    /// A run file's YAML text.
+    pub fn new(yaml: &str) -> RunFile {
+        RunFile(serde_saphyr::from_str(yaml).expect("a test's run file is YAML"))
+    }
+
+    /// Sets the dotted `key` to the YAML `value`, making the mappings on its way.
+    pub fn set(mut self, key: &str, value: &str) -> RunFile {
+        let mut node = &mut self.0;
+        for part in key.split('.') {
+            if node.is_null() {
+                *node = serde_json::Value::Object(Default::default());
+            }
+            node = node.as_object_mut().expect("a key inside a mapping").entry(part).or_insert(serde_json::Value::Null);
+        }
+        *node = serde_saphyr::from_str(value).expect("a YAML value");
+        self
+    }
+
+    pub fn text(&self) -> String {
+        serde_saphyr::to_string(&self.0).unwrap()
+    }
+
+    /// Writes the file at `path` and returns its path.
+    pub fn write(&self, path: &std::path::Path) -> String {
+        std::fs::write(path, self.text()).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+}
