@@ -277,9 +277,11 @@ fn the_vllm_probe_has_a_tolerance_of_its_own() {
 }
 
 #[test]
-fn evaluation_has_a_prompt_limit_of_its_own() {
-    let config = overridden(&["rollout.max_prompt_tokens=512", "rollout.overlong_prompt=skip"]).unwrap();
+fn evaluation_and_the_warm_start_have_prompt_limits_of_their_own() {
+    let config =
+        overridden(&["rollout.max_prompt_tokens=512", "rollout.overlong_prompt=skip", "warm_start.steps=10"]).unwrap();
     assert_eq!((config.rollout.max_prompt_tokens, config.evaluation.max_prompt_tokens), (512, 4096));
+    assert_eq!(config.warm_start.unwrap().max_prompt_tokens, 4096);
     assert_eq!(
         (config.rollout.overlong_prompt, config.evaluation.overlong_prompt),
         (OverlongPrompt::Skip, OverlongPrompt::Error)

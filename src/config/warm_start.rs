@@ -18,6 +18,9 @@ pub struct WarmStartConfig {
     pub batch_size: u32,
     /// AdamW settings of the warm start.
     pub optimizer: OptimizerConfig,
+    /// Longest demonstration prompt (chat template applied); a longer one is an error,
+    /// never cut.
+    pub max_prompt_tokens: u32,
 }
 
 impl Default for WarmStartConfig {
@@ -32,6 +35,7 @@ impl Default for WarmStartConfig {
                 schedule: Schedule::Cosine,
                 ..OptimizerConfig::default()
             },
+            max_prompt_tokens: 4096,
         }
     }
 }
@@ -40,6 +44,7 @@ impl WarmStartConfig {
     pub fn validate(&self) -> Result<(), Invalid> {
         check(self.steps > 0 && self.batch_size > 0, "warm_start", "steps and batch_size must be at least 1")?;
         check(self.demonstrations > 0, "warm_start.demonstrations", "must be at least 1")?;
+        check(self.max_prompt_tokens >= 1, "warm_start.max_prompt_tokens", "must be at least 1")?;
         check(self.optimizer.lr > 0.0, "warm_start.optimizer.lr", "must be positive")
     }
 }

@@ -90,8 +90,8 @@ pub enum Error {
     #[error("out of memory while {during}: {detail}")]
     OutOfMemory { during: String, detail: String },
     #[error(
-        "a prompt of {tokens} tokens is longer than the limit of {limit} (rollout.max_prompt_tokens, or \
-         evaluation.max_prompt_tokens in an evaluation); cutting it would lose the chat header or the task, so \
+        "a prompt of {tokens} tokens is longer than the limit of {limit} (rollout.max_prompt_tokens, \
+         evaluation.max_prompt_tokens in an evaluation, warm_start.max_prompt_tokens in a warm start); cutting it would lose the chat header or the task, so \
          raise the limit (the model's context allows), or shorten the prompts (fewer turns: workflow.max_turns); \
          it begins: {start:?}"
     )]

@@ -16,7 +16,7 @@ use crate::stages;
 
 /// (prompt ids, response ids) of the demonstrations of the agents `name` plays: the
 /// user message rendered with the chat template (generation prompt, no thinking) and
-/// the reply followed by EOS. Prompts are cut from the left as rollout cuts them.
+/// the reply followed by EOS. A prompt over `warm_start.max_prompt_tokens` is an error.
 pub(super) fn examples(
     model: &LanguageModel,
     config: &RunConfig,
@@ -29,7 +29,8 @@ pub(super) fn examples(
         policy: name.to_string(),
         reason: "config.json has no eos_token_id to end the demonstrations with".into(),
     })?;
-    let max_prompt = config.rollout.max_prompt_tokens as usize;
+    let warm = config.warm_start.as_ref().expect("a warm start is configured");
+    let max_prompt = warm.max_prompt_tokens as usize;
     let mut examples = Vec::new();
     for demo in demos.iter().filter(|d| agents.contains(d.agent.as_str())) {
         let (_, prompt_ids) = model.agent_prompt(&demo.prompt, max_prompt)?;
