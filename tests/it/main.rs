@@ -6,6 +6,7 @@ mod support;
 mod architecture;
 mod cli_config;
 mod cli_sql;
+mod env_host;
 mod generation;
 mod independent_reader;
 mod libtorch;

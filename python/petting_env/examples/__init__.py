@@ -1,0 +1,1 @@
+"""Small example environments; each file also serves itself when run as a script."""
