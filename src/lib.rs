@@ -3,6 +3,7 @@
 //! The library never prints; the `petting` binary (src/main.rs, src/cli/) does.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod agent;
 pub mod algo;
 pub mod allocator;
 pub mod config;

@@ -86,7 +86,8 @@ pub struct RunConfig {
     /// How many tasks prepare-data makes, or which dataset files it reads.
     #[serde(default)]
     pub data: DataConfig,
-    /// Who acts in which order.
+    /// Who acts in which order; a hosted environment's own order when omitted.
+    #[serde(default)]
     pub workflow: WorkflowConfig,
     /// Each workflow role and the policy that plays it.
     pub agents: BTreeMap<Agent, AgentConfig>,
@@ -218,6 +219,18 @@ impl LoadedConfig {
         }
         for file in [&mut config.data.train_file, &mut config.data.test_file].into_iter().flatten() {
             file.path = absolute(&self.resolve(&file.path));
+        }
+        // A hosted environment's files are found from the run file's folder.
+        let host = match &mut config.env {
+            EnvConfig::TextArena(c) => Some(&mut c.host),
+            EnvConfig::External(c) => Some(&mut c.host),
+            _ => None,
+        };
+        if let Some(host) = host {
+            host.workdir = Some(absolute(&self.resolve(host.workdir.as_deref().unwrap_or(Path::new(".")))));
+            if let Some(python) = host.python.as_mut().filter(|p| p.components().count() > 1) {
+                *python = absolute(&self.resolve(python));
+            }
         }
         config
     }
@@ -403,6 +416,12 @@ impl RunConfig {
             let key = format!("policies.{name}");
             policy.validate(&key)?;
             check(
+                policy.init != ModelInit::Scratch || self.env.hosted().is_none(),
+                format!("{key}.init"),
+                "a model from scratch takes its tokenizer from the prompts prepare-data writes, and a hosted \
+                 environment's prompts come from its host as it plays: start from a pretrained model",
+            )?;
+            check(
                 policy.init != ModelInit::Scratch || policy.lora.is_none() || self.fork.is_some(),
                 format!("{key}.lora"),
                 "a LoRA adapter needs a pretrained base: use init: pretrained, or fork the run from a \
@@ -455,7 +474,7 @@ impl RunConfig {
     }
 
     fn validate_agents(&self) -> Result<(), Invalid> {
-        let agents = self.workflow.kind.agents();
+        let agents = &self.team();
         for agent in agents {
             check(
                 self.agents.contains_key(agent),
@@ -500,7 +519,7 @@ impl RunConfig {
         )?;
         // Independent episodes share a prompt only at the first turn of the first agent:
         // grouping their later turns by (task, agent, turn) compares different prompts.
-        let one_prompt = self.workflow.kind.agents().len() == 1 && self.workflow.max_turns == 1;
+        let one_prompt = self.team().len() == 1 && self.workflow.max_turns == 1;
         check(
             self.rollout.mode != RolloutMode::Independent
                 || self.algorithm.name.grouping() != Grouping::TaskAgentTurn
@@ -540,9 +559,15 @@ impl RunConfig {
         let modes = &self.evaluation.modes;
         let kind = self.workflow.kind;
         check(
-            !modes.contains(&EvalMode::Swapped) || kind.agents().len() == 2,
+            !modes.contains(&EvalMode::Swapped) || self.team().len() == 2,
             "evaluation.modes",
             "swapped needs a workflow with two agents",
+        )?;
+        check(
+            kind != WorkflowKind::Environment || !modes.contains(&EvalMode::SingleAgent),
+            "evaluation.modes",
+            "single_agent plays an environment's single-agent workflow, which a hosted environment has not: \
+             use modes: [multi_agent]",
         )?;
         let alone = modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone));
         check(
@@ -558,7 +583,18 @@ impl RunConfig {
         self.fork.as_ref().map_or(0, |f| f.iteration)
     }
 
-    /// Which policy plays each role.
+    /// The agents of the run: the workflow's, or a hosted environment's (a TextArena
+    /// game's players; an external environment's are the run file's `agents:`, checked
+    /// against the environment's own when its host starts).
+    pub fn team(&self) -> Vec<Agent> {
+        match (&self.env, self.workflow.kind) {
+            (EnvConfig::TextArena(game), _) => game.agents(),
+            (_, WorkflowKind::Environment) => self.agents.keys().copied().collect(),
+            (_, kind) => kind.agents().to_vec(),
+        }
+    }
+
+    /// Which policy plays each agent.
     pub fn agent_policies(&self) -> HashMap<Agent, String> {
         self.agents.iter().map(|(role, agent)| (*role, agent.policy.clone())).collect()
     }

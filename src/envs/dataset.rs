@@ -42,6 +42,11 @@ impl DataConfig {
             !env.reads_files() || (self.train_file.is_some() && self.test_file.is_some()),
             "data",
             format!("{} reads its tasks from files: set data.train_file and data.test_file", env.name()),
+        )?;
+        check(
+            env.hosted().is_none() || (self.train_file.is_none() && self.test_file.is_none()),
+            "data",
+            "a hosted environment's tasks come from its host (the class's tasks()); data files are not read for it",
         )
     }
 }

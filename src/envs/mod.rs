@@ -11,6 +11,7 @@
 
 pub mod code;
 pub mod dataset;
+pub mod hosted;
 pub mod math;
 pub mod moves;
 pub mod plan_path;
@@ -24,6 +25,7 @@ use crate::sandbox::Sandbox;
 use crate::validate::{Invalid, check};
 
 pub use code::{Code, CodeConfig};
+pub use hosted::{ExternalConfig, Hosted, HostedConfig, TextArenaConfig};
 pub use math::{Math, MathConfig};
 pub use plan_path::{PlanPath, PlanPathConfig};
 pub use sokoban::{Sokoban, SokobanConfig};
@@ -40,6 +42,11 @@ pub enum EnvConfig {
     TicTacToe(TicTacToeConfig),
     Math(MathConfig),
     Code(CodeConfig),
+    /// A TextArena game, hosted.
+    #[serde(rename = "textarena")]
+    TextArena(TextArenaConfig),
+    /// A user's own environment, hosted.
+    External(ExternalConfig),
 }
 
 impl EnvConfig {
@@ -51,18 +58,29 @@ impl EnvConfig {
             EnvConfig::TicTacToe(_) => "tic_tac_toe",
             EnvConfig::Math(_) => "math",
             EnvConfig::Code(_) => "code",
+            EnvConfig::TextArena(_) => "textarena",
+            EnvConfig::External(_) => "external",
         }
     }
 
     /// Whether tasks come from dataset files (`data.train_file`, `data.test_file`)
-    /// rather than being generated.
+    /// rather than being generated (an external environment may do either).
     pub fn reads_files(&self) -> bool {
         matches!(self, EnvConfig::Math(_) | EnvConfig::Code(_))
     }
 
     /// Whether solver demonstrations exist for a warm start (the generated environments).
     pub fn has_demonstrations(&self) -> bool {
-        !self.reads_files()
+        !self.reads_files() && self.hosted().is_none()
+    }
+
+    /// The hosted environment, if this is one.
+    pub fn hosted(&self) -> Option<HostedConfig<'_>> {
+        match self {
+            EnvConfig::TextArena(c) => Some(HostedConfig::TextArena(c)),
+            EnvConfig::External(c) => Some(HostedConfig::External(c)),
+            _ => None,
+        }
     }
 
     /// Checks the parameters (the keys under `env`).
@@ -77,6 +95,8 @@ impl EnvConfig {
             EnvConfig::Math(m) => check(m.tolerance >= 0.0, "env.tolerance", "must not be negative"),
             EnvConfig::Code(c) => check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive"),
             EnvConfig::TicTacToe(_) => Ok(()),
+            EnvConfig::TextArena(c) => c.validate(),
+            EnvConfig::External(c) => c.validate(),
         }
     }
 }
@@ -144,6 +164,8 @@ pub enum AnyEnv {
     TicTacToe(TicTacToe),
     Math(Math),
     Code(Code),
+    /// An episode held by an environment host; play steps it in batches.
+    Hosted(Hosted),
 }
 
 /// An action as JSON, or why the reply did not parse, plus the step it caused.
@@ -164,8 +186,9 @@ fn act<E: Env>(env: &mut E, text: &str, sandbox: &Sandbox) -> Acted {
     }
 }
 
+/// `$body` for the environments of this crate, `$hosted_body` for a hosted one.
 macro_rules! each_env {
-    ($value:expr, $env:ident => $body:expr) => {
+    ($value:expr, $env:ident => $body:expr, $hosted:ident => $hosted_body:expr) => {
         match $value {
             AnyEnv::PlanPath($env) => $body,
             AnyEnv::Sudoku($env) => $body,
@@ -173,6 +196,7 @@ macro_rules! each_env {
             AnyEnv::TicTacToe($env) => $body,
             AnyEnv::Math($env) => $body,
             AnyEnv::Code($env) => $body,
+            AnyEnv::Hosted($hosted) => $hosted_body,
         }
     };
 }
@@ -187,6 +211,12 @@ impl AnyEnv {
             EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::from_instance(instance)?),
             EnvConfig::Math(c) => AnyEnv::Math(Math::from_instance(c, instance)?),
             EnvConfig::Code(c) => AnyEnv::Code(Code::from_instance(c, instance)?),
+            EnvConfig::TextArena(_) | EnvConfig::External(_) => {
+                return Err(Error::Instance {
+                    env: config.name(),
+                    reason: "a hosted environment's episodes are made by its host (play::games)".into(),
+                });
+            }
         })
     }
 
@@ -198,37 +228,39 @@ impl AnyEnv {
             AnyEnv::TicTacToe(_) => "tic_tac_toe",
             AnyEnv::Math(_) => "math",
             AnyEnv::Code(_) => "code",
+            AnyEnv::Hosted(h) => h.session().name(),
         }
     }
 
     pub fn rules(&self) -> String {
-        each_env!(self, e => e.rules())
+        each_env!(self, e => e.rules(), _h => String::new())
     }
 
     pub fn observation(&self) -> String {
-        each_env!(self, e => e.observation())
+        each_env!(self, e => e.observation(), h => h.observation().to_string())
     }
 
-    /// Parses a reply and, if it parsed, steps.
+    /// Parses a reply and, if it parsed, steps. A hosted episode is stepped by its host
+    /// (play's batches), never here.
     pub fn act(&mut self, text: &str, sandbox: &Sandbox) -> Acted {
-        each_env!(self, e => act(e, text, sandbox))
+        each_env!(self, e => act(e, text, sandbox), _h => unreachable!("hosted episodes step through play's batches"))
     }
 
     pub fn done(&self) -> bool {
-        each_env!(self, e => e.done())
+        each_env!(self, e => e.done(), h => h.done())
     }
 
     pub fn success(&self) -> bool {
-        each_env!(self, e => e.success())
+        each_env!(self, e => e.success(), h => h.success())
     }
 
     pub fn team_reward(&self) -> f64 {
-        each_env!(self, e => e.team_reward())
+        each_env!(self, e => e.team_reward(), h => h.team_reward())
     }
 
     /// The oracle's answer from the current state, written as an agent would.
     pub fn solution_text(&self) -> Option<String> {
-        each_env!(self, e => e.solve().map(|a| e.format_action(&a)))
+        each_env!(self, e => e.solve().map(|a| e.format_action(&a)), _h => None)
     }
 }
 

@@ -18,9 +18,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::config::RunConfig;
 use crate::config::{OverlongPrompt, RolloutMode, Selection};
 use crate::engine::{Prompt, Reply, Responder};
-use crate::envs::{AnyEnv, EnvConfig};
+use crate::envs::AnyEnv;
+use crate::envs::hosted::{self, Hosted};
 use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
@@ -34,12 +36,17 @@ pub struct Game {
     pub env: AnyEnv,
 }
 
-/// The games of `tasks` rows.
-pub fn games(env: &EnvConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, crate::envs::Error> {
-    tasks
-        .iter()
-        .map(|t| Ok(Game { task_id: t.task_id.clone(), env: AnyEnv::from_instance(env, &t.instance)? }))
-        .collect()
+/// The games of `tasks` rows. A hosted environment's host is started here, and lives
+/// as long as the games.
+pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> {
+    let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
+    match config.env.hosted() {
+        Some(hosted) => {
+            let session = hosted::Session::start(hosted, &config.team())?;
+            tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
+        }
+        None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
+    }
 }
 
 /// How many candidates each step samples, and which continues.
@@ -139,6 +146,12 @@ pub enum Error {
     NoPolicy { agent: Agent },
     #[error("the responder returned {got} replies for {asked} prompts")]
     ReplyCount { asked: usize, got: usize },
+    #[error(transparent)]
+    Env(#[from] crate::envs::Error),
+    #[error(transparent)]
+    Host(#[from] hosted::host::Error),
+    #[error("the environment host answered episode {episode} with {reason}")]
+    Hosted { episode: String, reason: String },
 }
 
 /// The live episodes of one task (one in tree mode, K in independent mode).
@@ -188,6 +201,10 @@ pub fn play(
             tracks.push(Track { task_index, episode_index, episode, next_node: 0, parent: None, tokens: 0 });
         }
     }
+    let hosted = hosted_session(games);
+    if let Some(session) = &hosted {
+        make_hosted(session, &mut tracks)?;
+    }
     let branches = setup.branches();
     let mut candidates = Vec::new();
     let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
@@ -210,8 +227,12 @@ pub fn play(
         let started = Instant::now();
         let step = sample_step(games, setup, &tracks, &live, branches, responder)?;
         model += started.elapsed();
-        let (stepped, sandbox_time) = step_branches(&tracks, &live, &step, sandbox);
+        let (stepped, sandbox_time) = match &hosted {
+            Some(session) => (step_hosted(session, &tracks, &live, &step)?, Duration::ZERO),
+            None => step_branches(&tracks, &live, &step, sandbox),
+        };
         sandboxed += sandbox_time;
+        let mut finished_ids: Vec<String> = Vec::new();
         let tokens: usize = step.replies.iter().map(|(_, r)| r.tokens.len()).sum();
         for (slot, &t) in live.iter().enumerate() {
             let track = &mut tracks[t];
@@ -242,10 +263,23 @@ pub fn play(
             }
             track.next_node += branches;
             track.parent = Some(node_base + best as u32);
+            if hosted.is_some() && branches > 1 {
+                // The branches were forks: the one that continues is the episode now.
+                finished_ids.push(hosted_id(&track.episode));
+                let others = outcomes.iter().enumerate().filter(|&(b, _)| b != best);
+                finished_ids.extend(others.map(|(_, (episode, _))| hosted_id(episode)));
+            }
+            credit(&mut candidates, track, &outcomes[best].1.credited);
             track.episode = stepped[first + best].0.clone();
+        }
+        if let Some(session) = &hosted {
+            session.host.drop_episodes(&finished_ids)?;
         }
         let ended = live.iter().filter(|&&t| tracks[t].episode.is_done()).count();
         progress.advance(ended as u64, tokens as u64);
+    }
+    if let Some(session) = &hosted {
+        session.host.drop_episodes(&tracks.iter().map(|t| hosted_id(&t.episode)).collect::<Vec<_>>())?;
     }
     skipped.sort_unstable();
     candidates.retain(|c: &Candidate| !skipped.contains(&c.task_index));
@@ -327,7 +361,11 @@ fn sample_step(
         let track = &tracks[t];
         let agent = track.episode.next_agent().expect("live");
         let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
-        let role_index = setup.workflow.agents().iter().position(|r| *r == agent).unwrap_or(0) as u64;
+        // A hosted environment's agents are named at run time: their names key the seeds.
+        let role_index = match setup.workflow.agents().iter().position(|r| *r == agent) {
+            Some(index) => index as u64,
+            None => text_key(agent.as_str()),
+        };
         let text = track.episode.prompt();
         let task = text_key(&games[track.task_index].task_id);
         for b in 0..branches {
@@ -361,6 +399,86 @@ fn sample_step(
         policy_of,
         messages,
     })
+}
+
+/// The host session of hosted games (they all share one), if they are hosted.
+fn hosted_session(games: &[Game]) -> Option<std::sync::Arc<hosted::Session>> {
+    games.iter().find_map(|g| match &g.env {
+        AnyEnv::Hosted(h) => Some(std::sync::Arc::clone(h.session())),
+        _ => None,
+    })
+}
+
+fn hosted_id(episode: &Episode) -> String {
+    match episode.env() {
+        AnyEnv::Hosted(h) => h.id().to_string(),
+        _ => unreachable!("a hosted game's episodes are hosted"),
+    }
+}
+
+/// Makes every track's episode in the host, in one request.
+fn make_hosted(session: &hosted::Session, tracks: &mut [Track]) -> Result<(), Error> {
+    let items: Vec<_> = tracks
+        .iter()
+        .map(|t| match t.episode.env() {
+            AnyEnv::Hosted(h) => h.make_item(session.new_id()),
+            _ => unreachable!("a hosted game's episodes are hosted"),
+        })
+        .collect();
+    let turns = session.host.make(&items)?;
+    for (track, ((id, _, _), turn)) in tracks.iter_mut().zip(items.into_iter().zip(turns)) {
+        track.episode.made(id.clone(), &turn).map_err(|reason| Error::Hosted { episode: id, reason })?;
+    }
+    Ok(())
+}
+
+/// Steps each reply's own copy of its track's episode in the host: in tree mode the K
+/// branches of an episode are K forks of it, in independent mode each episode steps
+/// itself. One fork and one step request for the whole step.
+fn step_hosted(
+    session: &hosted::Session,
+    tracks: &[Track],
+    live: &[usize],
+    step: &SampledStep,
+) -> Result<Vec<(Episode, TurnOutcome)>, Error> {
+    let branches = step.replies.len() / live.len();
+    let mut forks = Vec::new();
+    let mut items = Vec::with_capacity(step.replies.len());
+    for (i, (_, reply)) in step.replies.iter().enumerate() {
+        let source = hosted_id(&tracks[live[i / branches]].episode);
+        let id = if branches == 1 { source } else { session.new_id() };
+        if branches > 1 {
+            forks.push((hosted_id(&tracks[live[i / branches]].episode), id.clone()));
+        }
+        items.push((id, reply.text.clone()));
+    }
+    session.host.fork(&forks)?;
+    let results = session.host.step(&items)?;
+    results
+        .iter()
+        .zip(items)
+        .enumerate()
+        .map(|(i, (stepped, (id, reply)))| {
+            let mut episode = tracks[live[i / branches]].episode.clone();
+            let outcome = episode
+                .step_hosted(id.clone(), &reply, stepped)
+                .map_err(|reason| Error::Hosted { episode: id, reason })?;
+            Ok((episode, outcome))
+        })
+        .collect()
+}
+
+/// Adds rewards a step credited to other agents (a game's final result) to each one's
+/// latest turn on this track's trajectory.
+fn credit(candidates: &mut [Candidate], track: &Track, credited: &[(Agent, f64)]) {
+    for &(agent, reward) in credited {
+        let latest = candidates.iter_mut().rev().find(|c| {
+            c.task_index == track.task_index && c.episode == track.episode_index && c.agent == agent && c.selected
+        });
+        if let Some(candidate) = latest {
+            candidate.outcome.local_reward += reward;
+        }
+    }
 }
 
 /// Steps one clone of its track's episode per reply. Tool programs are run first, each

@@ -52,7 +52,7 @@ pub async fn run(
     test.truncate(config.evaluation.tasks as usize);
     let test: Vec<_> =
         test.into_iter().enumerate().filter(|(i, _)| shard.is_none_or(|s| s.holds(*i))).map(|(_, t)| t).collect();
-    let games = play::games(&config.env, &test)?;
+    let games = play::games(config, &test)?;
     let mut loaded = session.policies.take(store, config, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let evaluation = &config.evaluation;
@@ -117,7 +117,8 @@ pub async fn run(
 
 fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Setup {
     let configured = config.agent_policies();
-    let roles = config.workflow.kind.agents();
+    let team = config.team();
+    let roles = team.as_slice();
     let (workflow, policies) = match mode {
         EvalMode::MultiAgent | EvalMode::Alone | EvalMode::ToolAlone => (config.workflow.kind, configured),
         EvalMode::SingleAgent => {

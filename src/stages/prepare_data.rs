@@ -34,6 +34,7 @@ use serde::Serialize;
 use crate::config::ModelInit;
 use crate::config::RunConfig;
 use crate::envs::dataset::DatasetFile;
+use crate::envs::hosted::Session;
 use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
 use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
 use crate::rng::{Key, SplitMix64, stream};
@@ -55,6 +56,9 @@ pub enum Error {
 
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::Error),
+
+    #[error(transparent)]
+    Host(#[from] envs::hosted::host::Error),
 
     #[error(transparent)]
     Workflow(#[from] crate::workflows::Error),
@@ -185,6 +189,7 @@ pub fn tasks(config: &RunConfig) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> 
     let (train_n, test_n) = (config.data.train_tasks as usize, config.data.test_tasks as usize);
     match &config.env {
         EnvConfig::Math(_) | EnvConfig::Code(_) => from_files(config, train_n, test_n),
+        env if env.hosted().is_some() => from_host(config, train_n, test_n),
         env => {
             let mut seen = HashSet::new();
             let test = generate(env, config.seed, Key::TEST_TASKS, test_n, &mut seen)?;
@@ -206,7 +211,37 @@ fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
         EnvConfig::Sokoban(c) => AnyEnv::Sokoban(Sokoban::generate(c, seed)),
         EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::generate(seed)),
         EnvConfig::Math(_) | EnvConfig::Code(_) => unreachable!("read from files"),
+        EnvConfig::TextArena(_) | EnvConfig::External(_) => unreachable!("made by the host"),
     }
+}
+
+/// The tasks a hosted environment's host makes for each split, reproducible from the
+/// run seed (its `tasks` request).
+fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
+    let hosted = config.env.hosted().expect("a hosted environment");
+    let session = Session::start(hosted, &config.team())?;
+    let env = config.env.name();
+    let split = |name: &'static str, key: u64, n: usize| -> Result<Vec<TaskRow>, Error> {
+        let rows = session.host.tasks(name, n, stream(&[config.seed, key]))?;
+        if rows.len() != n {
+            let source_text = format!("from the environment host's tasks({name:?}, {n})");
+            return Err(Error::NotEnoughTasks { split: name, wanted: n, found: rows.len(), source_text });
+        }
+        Ok(rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, row)| TaskRow {
+                task_id: format!("{env}/{name}/{i:06}"),
+                env: env.to_string(),
+                seed: stream(&[config.seed, key, i as u64]),
+                instance: row.to_string(),
+                reference: None,
+                difficulty: None,
+                source: "host".into(),
+            })
+            .collect())
+    };
+    Ok((split("train", Key::TRAIN_TASKS, train_n)?, split("test", Key::TEST_TASKS, test_n)?))
 }
 
 /// The instance JSON of a generated environment: what makes two tasks the same.
@@ -217,6 +252,7 @@ fn instance_of(env: &AnyEnv) -> String {
         AnyEnv::Sokoban(e) => json(&e.instance()),
         AnyEnv::TicTacToe(e) => json(&e.instance()),
         AnyEnv::Math(_) | AnyEnv::Code(_) => unreachable!("read from files"),
+        AnyEnv::Hosted(_) => unreachable!("made by the host"),
     }
 }
 
@@ -240,6 +276,7 @@ fn reference_of(env: &AnyEnv) -> (Option<String>, Option<f64>) {
             (best, Some(empty as f64))
         }
         AnyEnv::Math(_) | AnyEnv::Code(_) => unreachable!("read from files"),
+        AnyEnv::Hosted(_) => unreachable!("made by the host"),
     }
 }
 

@@ -40,7 +40,7 @@ pub async fn run(
     let batch = tasks::batch(&train, config, iteration, shard);
     let mut loaded = policies::load_current(store, config, iteration, &session.policies).await?;
     let setup = setup(config, iteration);
-    let games = play::games(&config.env, &batch)?;
+    let games = play::games(config, &batch)?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
     let engine =

@@ -36,7 +36,6 @@
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
 
-mod agent;
 mod coder_tester;
 pub mod demos;
 pub mod prompts;
@@ -46,12 +45,15 @@ mod tool_planner;
 mod tool_reasoner;
 mod two_players;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::envs::AnyEnv;
+use crate::envs::hosted::Stepped;
 use crate::sandbox::{Program, RunOutput, Sandbox};
 
-pub use agent::Agent;
+pub use crate::agent::Agent;
 pub use coder_tester::parse_tests;
 pub use tool::{run_program, tool_preamble};
 pub use tool_planner::ADOPT_TOOL_ANSWER;
@@ -83,6 +85,14 @@ fn default_max_turns() -> u32 {
     4
 }
 
+/// A run file without `workflow:` plays a hosted environment in its own order, until
+/// the environment says the episode is over (or 100 turns).
+impl Default for WorkflowConfig {
+    fn default() -> Self {
+        WorkflowConfig { kind: WorkflowKind::Environment, max_turns: 100, alone: false }
+    }
+}
+
 /// Why agents act alone in one turn only: they share the environment's state.
 pub const ALONE_OVER_TURNS: &str = "acting alone needs workflow.max_turns: 1; over more turns the planner's \
      moves reach the tool agent through the state they share, so neither would be alone";
@@ -100,18 +110,23 @@ pub enum WorkflowKind {
     CoderTester,
     /// Two players take turns (tic-tac-toe).
     TwoPlayers,
+    /// A hosted environment says whose turn it is and what each agent sees (TextArena,
+    /// a user's own environment).
+    Environment,
 }
 
 impl WorkflowKind {
-    pub const ALL: [WorkflowKind; 5] = [
+    pub const ALL: [WorkflowKind; 6] = [
         WorkflowKind::SingleAgent,
         WorkflowKind::ToolPlanner,
         WorkflowKind::ToolReasoner,
         WorkflowKind::CoderTester,
         WorkflowKind::TwoPlayers,
+        WorkflowKind::Environment,
     ];
 
-    /// The roles of the workflow, in the order they act within a turn.
+    /// The agents of the workflow, in the order they act within a turn; none for
+    /// `environment`, whose environment names its own.
     pub fn agents(self) -> &'static [Agent] {
         match self {
             WorkflowKind::SingleAgent => &[Agent::SINGLE],
@@ -119,17 +134,19 @@ impl WorkflowKind {
             WorkflowKind::ToolReasoner => &[Agent::TOOL, Agent::REASONER],
             WorkflowKind::CoderTester => &[Agent::CODER, Agent::TESTER],
             WorkflowKind::TwoPlayers => &[Agent::PLAYER_X, Agent::PLAYER_O],
+            WorkflowKind::Environment => &[],
         }
     }
 
     /// Whether this workflow can play the environment named `env` (`AnyEnv::name`).
     pub fn plays(self, env: &str) -> bool {
         match self {
-            WorkflowKind::SingleAgent => env != "tic_tac_toe",
+            WorkflowKind::SingleAgent => !matches!(env, "tic_tac_toe" | "textarena" | "external"),
             WorkflowKind::ToolPlanner => matches!(env, "plan_path" | "sudoku" | "sokoban"),
             WorkflowKind::ToolReasoner => env == "math",
             WorkflowKind::CoderTester => env == "code",
             WorkflowKind::TwoPlayers => env == "tic_tac_toe",
+            WorkflowKind::Environment => matches!(env, "textarena" | "external"),
         }
     }
 
@@ -174,6 +191,9 @@ pub struct TurnOutcome {
     pub team_reward: f64,
     pub done: bool,
     pub success: bool,
+    /// Local rewards the step credited to agents other than the mover (a hosted game's
+    /// final rewards): play adds each to that agent's latest turn on the trajectory.
+    pub credited: Vec<(Agent, f64)>,
 }
 
 impl TurnOutcome {
@@ -190,6 +210,7 @@ impl TurnOutcome {
             team_reward: 0.0,
             done: false,
             success: false,
+            credited: Vec::new(),
         }
     }
 }
@@ -202,6 +223,8 @@ enum Workflow {
     ToolReasoner(tool_reasoner::ToolReasoner),
     CoderTester(coder_tester::CoderTester),
     TwoPlayers,
+    /// The moves each agent has made: a hosted episode's turn is the mover's own count.
+    Environment(BTreeMap<Agent, u32>),
 }
 
 /// One episode of a workflow on an environment.
@@ -231,6 +254,7 @@ impl Episode {
             WorkflowKind::ToolReasoner => Workflow::ToolReasoner(Default::default()),
             WorkflowKind::CoderTester => Workflow::CoderTester(Default::default()),
             WorkflowKind::TwoPlayers => Workflow::TwoPlayers,
+            WorkflowKind::Environment => Workflow::Environment(BTreeMap::new()),
         };
         let roles = match &env {
             AnyEnv::TicTacToe(game) => two_players::turn_order(game),
@@ -263,14 +287,26 @@ impl Episode {
         Ok(self)
     }
 
-    /// The role that acts next, or None when the episode is over.
+    /// The agent that acts next, or None when the episode is over.
     pub fn next_agent(&self) -> Option<Agent> {
-        (!self.done).then(|| self.roles[self.next])
+        match (&self.env, self.done) {
+            (_, true) => None,
+            (AnyEnv::Hosted(hosted), false) => hosted.next_agent(),
+            (_, false) => Some(self.roles[self.next]),
+        }
     }
 
-    /// The turn the next agent acts in, from 0.
+    /// The turn the next agent acts in, from 0: in a hosted environment, how many
+    /// moves that agent has made.
     pub fn turn(&self) -> u32 {
-        self.turn
+        match &self.workflow {
+            // Once over: the most moves an agent made.
+            Workflow::Environment(moves) => match self.next_agent() {
+                Some(agent) => moves.get(&agent).copied().unwrap_or(0),
+                None => moves.values().copied().max().unwrap_or(0),
+            },
+            _ => self.turn,
+        }
     }
 
     pub fn env(&self) -> &AnyEnv {
@@ -311,6 +347,9 @@ impl Episode {
 
     /// The next agent's prompt (plain text).
     pub fn prompt(&self) -> String {
+        if let AnyEnv::Hosted(hosted) = &self.env {
+            return hosted.prompt(self.turn());
+        }
         let (env, agent, history) = (&self.env, self.roles[self.next], self.shown_history());
         match &self.workflow {
             Workflow::SingleAgent => prompts::single_agent(env, history),
@@ -318,6 +357,7 @@ impl Episode {
             Workflow::ToolReasoner(state) => state.prompt(env, agent, history),
             Workflow::CoderTester(state) => state.prompt(env, agent, history),
             Workflow::TwoPlayers => prompts::player(env, history),
+            Workflow::Environment(_) => unreachable!("an environment workflow plays a hosted episode"),
         }
     }
 
@@ -338,6 +378,14 @@ impl Episode {
         self.step_with(reply, run, sandbox)
     }
 
+    /// A hosted episode made under `id`, at `turn`.
+    pub fn made(&mut self, id: String, turn: &crate::envs::hosted::Turn) -> Result<(), String> {
+        let AnyEnv::Hosted(hosted) = &mut self.env else { unreachable!("made on an episode that is not hosted") };
+        hosted.made(id, turn)?;
+        self.done = hosted.done();
+        Ok(())
+    }
+
     /// [`Episode::step`] with the tool program's output given (None: it has none).
     pub fn step_with(&mut self, reply: &str, tool_run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
         let agent = self.next_agent().expect("step called on a finished episode");
@@ -348,11 +396,48 @@ impl Episode {
             Workflow::ToolReasoner(state) => state.step(env, agent, reply, tool_run, sandbox),
             Workflow::CoderTester(state) => state.step(env, agent, reply, sandbox),
             Workflow::TwoPlayers => two_players::step(env, agent, reply, sandbox),
+            Workflow::Environment(_) => unreachable!("hosted episodes step through play's batches"),
         };
         outcome.turn = self.turn;
         self.record(&outcome);
         self.advance(&mut outcome);
         outcome
+    }
+
+    /// Applies a step the host took for the next agent's reply, under the episode id
+    /// `id` (the fork of this episode the reply was applied to).
+    pub fn step_hosted(&mut self, id: String, reply: &str, stepped: &Stepped) -> Result<TurnOutcome, String> {
+        let agent = self.next_agent().ok_or("step_hosted on a finished episode")?;
+        let turn = self.turn();
+        let (AnyEnv::Hosted(hosted), Workflow::Environment(moves)) = (&mut self.env, &mut self.workflow) else {
+            unreachable!("step_hosted on an episode that is not hosted")
+        };
+        hosted.stepped(id, stepped)?;
+        let made = moves.entry(agent).or_insert(0);
+        *made += 1;
+        let mut outcome = TurnOutcome::blank(agent);
+        outcome.turn = turn;
+        outcome.local_reward = stepped.rewards.get(agent.as_str()).copied().unwrap_or(0.0);
+        if stepped.invalid {
+            outcome.parse_error =
+                Some(if stepped.feedback.is_empty() { "invalid move".into() } else { stepped.feedback.clone() });
+        } else {
+            outcome.action = Some(serde_json::to_string(&shorten(reply.trim(), 200)).expect("a string serialises"));
+        }
+        outcome.feedback = (!stepped.feedback.is_empty()).then(|| stepped.feedback.clone());
+        outcome.credited = stepped
+            .rewards
+            .iter()
+            .filter(|(name, _)| name.as_str() != agent.as_str())
+            .map(|(name, &reward)| Ok((Agent::named(name)?, reward)))
+            .collect::<Result<_, String>>()?;
+        // Out of moves: the next agent has made max_turns already.
+        let next_moves = hosted.next_agent().map_or(0, |next| moves.get(&next).copied().unwrap_or(0));
+        self.done = hosted.done() || next_moves >= self.max_turns;
+        outcome.done = self.done;
+        outcome.team_reward = stepped.team_reward;
+        outcome.success = stepped.success;
+        Ok(outcome)
     }
 
     /// Adds the reply's history line.

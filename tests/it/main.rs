@@ -8,6 +8,7 @@ mod cli_config;
 mod cli_sql;
 mod env_host;
 mod generation;
+mod hosted;
 mod independent_reader;
 mod libtorch;
 mod model;

@@ -1,4 +1,5 @@
-//! [`Agent`]: one member of a workflow's team, by name.
+//! [`Agent`]: one member of a team, by name (a leaf: workflows, environments, the config
+//! and the tables all speak of agents).
 
 use std::fmt;
 

@@ -1,0 +1,342 @@
+//! The environment host: a long-lived process that holds the episodes of a hosted
+//! environment, spoken to in JSON lines (protocol 1; `python/petting_env/host.py` is
+//! its Python end and documents every request).
+//!
+//! One request is written on the host's stdin, one response line is read from its
+//! stdout, in order; batch requests carry many episodes, so a rollout of hundreds of
+//! episodes makes a few round trips per step, not hundreds. The host's stderr (its
+//! tracebacks, a user's prints) is kept, its last lines quoted in errors.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::agent::Agent;
+
+/// The protocol version this side speaks.
+pub const PROTOCOL: u32 = 1;
+
+/// Lines of the host's stderr kept for error messages.
+const STDERR_KEPT: usize = 20;
+
+/// A problem with the host process or one of its answers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("could not start the environment host `{command}`: {source}")]
+    Start { command: String, source: std::io::Error },
+
+    #[error("the environment host `{command}` {what}{}", stderr_tail(.stderr))]
+    Died { command: String, what: String, stderr: String },
+
+    #[error("the environment host `{command}` did not answer `{op}` within {seconds} s (env.host.timeout_seconds){}", stderr_tail(.stderr))]
+    Timeout { command: String, op: String, seconds: f64, stderr: String },
+
+    #[error("the environment host `{command}` refused `{op}`: {message}")]
+    Refused { command: String, op: String, message: String },
+
+    #[error("the environment host `{command}` answered `{op}` with {reason}: {line}")]
+    Malformed { command: String, op: String, reason: String, line: String },
+
+    #[error("the environment's agents are {named:?}, but the run file's `agents:` are {expected:?}")]
+    Agents { named: Vec<Agent>, expected: Vec<Agent> },
+
+    #[error("the environment host `{command}` failed `{op}` for episode {episode}: {message}")]
+    Episode { command: String, op: String, episode: String, message: String },
+}
+
+fn stderr_tail(stderr: &str) -> String {
+    if stderr.is_empty() { String::new() } else { format!("; its stderr ends:\n{stderr}") }
+}
+
+/// What starts a host: the program and its arguments, its folder and environment.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub workdir: PathBuf,
+    pub env: Vec<(String, String)>,
+    /// Longest wait for one answer.
+    pub timeout: Duration,
+}
+
+impl Launch {
+    fn shown(&self) -> String {
+        std::iter::once(self.program.display().to_string())
+            .chain(self.args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// The turn an episode is at: who acts and what it sees, or that it is over.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Turn {
+    #[serde(default)]
+    pub agent: Option<String>,
+    #[serde(default)]
+    pub observation: Option<String>,
+    #[serde(default)]
+    pub done: bool,
+}
+
+/// What one reply did to an episode.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Stepped {
+    /// The local reward this step credits to each agent, by name.
+    #[serde(default)]
+    pub rewards: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    pub team_reward: f64,
+    pub done: bool,
+    #[serde(default)]
+    pub success: bool,
+    #[serde(default)]
+    pub feedback: String,
+    /// The reply was not a valid move.
+    #[serde(default)]
+    pub invalid: bool,
+    pub next: Option<Turn>,
+}
+
+/// A running host.
+pub struct Host {
+    command: String,
+    timeout: Duration,
+    agents: Vec<Agent>,
+    connection: Mutex<Connection>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+}
+
+struct Connection {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<std::io::Result<String>>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host").field("command", &self.command).field("agents", &self.agents).finish()
+    }
+}
+
+impl Host {
+    /// Starts the host and says hello: `env` is the environment's mapping as the host
+    /// reads it. The host answers with its agents.
+    pub fn start(launch: &Launch, env: Value) -> Result<Host, Error> {
+        let command = launch.shown();
+        let mut child = Command::new(&launch.program)
+            .args(&launch.args)
+            .current_dir(&launch.workdir)
+            .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| Error::Start { command: command.clone(), source })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped");
+        let stderr_pipe = child.stderr.take().expect("piped");
+        let (sender, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let kept = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr_pipe).lines().map_while(Result::ok) {
+                let mut kept = kept.lock().expect("stderr lines");
+                if kept.len() == STDERR_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
+            }
+        });
+        let mut host = Host {
+            command,
+            timeout: launch.timeout,
+            agents: Vec::new(),
+            connection: Mutex::new(Connection { child, stdin, lines }),
+            stderr,
+        };
+        let workdir = launch.workdir.display().to_string();
+        let hello = host.request("hello", json!({"protocol": PROTOCOL, "env": env, "workdir": workdir}))?;
+        let names: Vec<String> = host.field(&hello, "hello", "agents")?;
+        host.agents = names
+            .iter()
+            .map(|name| Agent::named(name))
+            .collect::<Result<_, _>>()
+            .map_err(|reason| host.malformed("hello", reason, &hello))?;
+        Ok(host)
+    }
+
+    /// The agents of the environment, as the host named them.
+    pub fn agents(&self) -> &[Agent] {
+        &self.agents
+    }
+
+    /// `count` task rows of `split` ("train" or "test"), reproducible from `seed`.
+    pub fn tasks(&self, split: &str, count: usize, seed: u64) -> Result<Vec<Value>, Error> {
+        let answer = self.request("tasks", json!({"split": split, "count": count, "seed": seed}))?;
+        self.field(&answer, "tasks", "tasks")
+    }
+
+    /// Starts episodes: (id, task row, seed) each; their first turns.
+    pub fn make(&self, items: &[(String, Value, u64)]) -> Result<Vec<Turn>, Error> {
+        let items: Vec<Value> =
+            items.iter().map(|(id, task, seed)| json!({"id": id, "task": task, "seed": seed})).collect();
+        self.batch("make", items)
+    }
+
+    /// Applies replies: (id, reply text) each.
+    pub fn step(&self, items: &[(String, String)]) -> Result<Vec<Stepped>, Error> {
+        let items: Vec<Value> = items.iter().map(|(id, reply)| json!({"id": id, "reply": reply})).collect();
+        self.batch("step", items)
+    }
+
+    /// Copies episodes: (id, new id) each; stepping a copy never moves its original.
+    pub fn fork(&self, items: &[(String, String)]) -> Result<(), Error> {
+        let items: Vec<Value> = items.iter().map(|(id, new)| json!({"id": id, "new": new})).collect();
+        let _: Vec<Value> = self.batch("fork", items)?;
+        Ok(())
+    }
+
+    /// Forgets episodes (unknown ids are ignored).
+    pub fn drop_episodes(&self, ids: &[String]) -> Result<(), Error> {
+        if !ids.is_empty() {
+            self.request("drop", json!({"ids": ids}))?;
+        }
+        Ok(())
+    }
+
+    /// A batch request whose answer holds one item per request item; an item's error
+    /// names its episode.
+    fn batch<T: DeserializeOwned>(&self, op: &str, items: Vec<Value>) -> Result<Vec<T>, Error> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = items.iter().map(|i| i["id"].as_str().unwrap_or_default().to_string()).collect();
+        let answer = self.request(op, json!({"items": items}))?;
+        let answered: Vec<Value> = self.field(&answer, op, "items")?;
+        if answered.len() != ids.len() {
+            let reason = format!("{} items for {} asked", answered.len(), ids.len());
+            return Err(self.malformed(op, reason, &answer));
+        }
+        answered
+            .into_iter()
+            .zip(ids)
+            .map(|(item, episode)| {
+                if let Some(message) = item.get("error") {
+                    let message = message.as_str().map_or_else(|| message.to_string(), str::to_owned);
+                    return Err(Error::Episode { command: self.command.clone(), op: op.into(), episode, message });
+                }
+                serde_json::from_value(item.clone()).map_err(|e| self.malformed(op, e.to_string(), &item))
+            })
+            .collect()
+    }
+
+    fn field<T: DeserializeOwned>(&self, answer: &Value, op: &str, key: &str) -> Result<T, Error> {
+        let value = answer.get(key).cloned().unwrap_or(Value::Null);
+        serde_json::from_value(value).map_err(|e| self.malformed(op, format!("`{key}`: {e}"), answer))
+    }
+
+    fn malformed(&self, op: &str, reason: String, answer: &Value) -> Error {
+        let mut line = answer.to_string();
+        line.truncate(300);
+        Error::Malformed { command: self.command.clone(), op: op.into(), reason, line }
+    }
+
+    /// Writes one request and reads its answer; an answer that is not ok is refused.
+    fn request(&self, op: &str, mut body: Value) -> Result<Value, Error> {
+        body["op"] = Value::String(op.into());
+        let mut connection = self.connection.lock().expect("one request at a time");
+        let mut line = body.to_string();
+        line.push('\n');
+        let written = match connection.stdin.as_mut() {
+            Some(stdin) => stdin.write_all(line.as_bytes()).and_then(|()| stdin.flush()),
+            None => Err(std::io::Error::other("its stdin is closed")),
+        };
+        if let Err(e) = written {
+            return Err(self.died(&mut connection, format!("stopped reading requests ({e})")));
+        }
+        let answer = match connection.lines.recv_timeout(self.timeout) {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => return Err(self.died(&mut connection, format!("could not be read ({e})"))),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(self.died(&mut connection, format!("ended before answering `{op}`")));
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = connection.child.kill();
+                return Err(Error::Timeout {
+                    command: self.command.clone(),
+                    op: op.into(),
+                    seconds: self.timeout.as_secs_f64(),
+                    stderr: self.stderr_text(),
+                });
+            }
+        };
+        let parsed: Value = serde_json::from_str(&answer).map_err(|e| Error::Malformed {
+            command: self.command.clone(),
+            op: op.into(),
+            reason: format!("a line that is not JSON ({e}); only protocol lines may go to stdout"),
+            line: answer.chars().take(300).collect(),
+        })?;
+        match parsed.get("ok") {
+            Some(Value::Bool(true)) => Ok(parsed),
+            Some(Value::Bool(false)) => Err(Error::Refused {
+                command: self.command.clone(),
+                op: op.into(),
+                message: parsed.get("error").and_then(Value::as_str).unwrap_or("no reason given").to_string(),
+            }),
+            _ => Err(self.malformed(op, "no `ok`".into(), &parsed)),
+        }
+    }
+
+    fn died(&self, connection: &mut Connection, what: String) -> Error {
+        // Give its stderr a moment to arrive: the reason is usually its last lines.
+        let status = (0..20).find_map(|_| {
+            let status = connection.child.try_wait().ok().flatten();
+            if status.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            status
+        });
+        let what = match status {
+            Some(status) => format!("{what}: it exited ({status})"),
+            None => what,
+        };
+        Error::Died { command: self.command.clone(), what, stderr: self.stderr_text() }
+    }
+
+    fn stderr_text(&self) -> String {
+        self.stderr.lock().expect("stderr lines").iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for Host {
+    /// Closing stdin ends the host; one that does not end soon is killed.
+    fn drop(&mut self) {
+        let connection = self.connection.get_mut().expect("not poisoned");
+        connection.stdin.take();
+        for _ in 0..40 {
+            if let Ok(Some(_)) = connection.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let _ = connection.child.kill();
+        let _ = connection.child.wait();
+    }
+}

@@ -1,0 +1,386 @@
+//! Hosted environments: the episodes live in a host process (`python/petting_env`),
+//! petting sends it the agents' replies and reads back whose turn it is, what that
+//! agent sees and what each reply earned. TextArena's games and a user's own
+//! environment class are hosted.
+//!
+//! ```text
+//!  play:  make ──► first turns          (one message for every episode of the stage)
+//!   each step: fork (tree: K copies of each live episode) ──► step (every reply) ──► drop
+//! ```
+//!
+//! A [`Hosted`] value is a handle: its clones name the same episode in the host until
+//! play forks them, so only play steps hosted episodes, in batches.
+
+pub mod host;
+mod package;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::agent::Agent;
+use crate::validate::{Invalid, check};
+
+pub use host::{Host, Stepped, Turn};
+
+/// `env: {name: textarena, game: TicTacToe-v0, players: 2}`: a TextArena game; its
+/// agents are `player_0 … player_{players-1}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextArenaConfig {
+    /// A registered TextArena game id (`TicTacToe-v0`), or `module:Class` of an
+    /// unregistered one.
+    pub game: String,
+    #[serde(default = "two")]
+    pub players: u32,
+    /// The mover's local reward for a reply TextArena finds invalid.
+    #[serde(default = "minus_one")]
+    pub invalid_move_penalty: f64,
+    /// Keyword arguments of the game's constructor.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kwargs: BTreeMap<String, Value>,
+    /// What an agent sees: a minijinja template over `observation`, `agent` and `turn`
+    /// (the model's chat template is applied around it).
+    #[serde(default = "default_prompt")]
+    pub prompt: String,
+    #[serde(default)]
+    pub host: HostSettings,
+}
+
+/// `env: {name: external, module: my_env:MyEnv, config: {…}}` (a class the host loads)
+/// or `env: {name: external, command: [python, my_env.py]}` (a script that serves one
+/// with `petting_env.serve`): a user's own environment. Its agents are the class's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalConfig {
+    /// `module:Class` or `file.py:Class`, found from the run file's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// A host of the user's own; a first word `python` is petting's interpreter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Handed to the class as its config.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, Value>,
+    #[serde(default = "default_prompt")]
+    pub prompt: String,
+    #[serde(default)]
+    pub host: HostSettings,
+}
+
+/// How the host process runs (`env.host`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostSettings {
+    /// The Python interpreter; unset: `PETTING_PYTHON`, else the checkout's `.venv`
+    /// (scripts/install/python-tools.sh makes it), else `python3`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python: Option<PathBuf>,
+    /// Longest wait for one answer of the host.
+    pub timeout_seconds: f64,
+    /// The folder the host runs in and finds a user's files from: the run file's
+    /// (filled in when the run file is read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<PathBuf>,
+}
+
+impl Default for HostSettings {
+    fn default() -> Self {
+        HostSettings { python: None, timeout_seconds: 120.0, workdir: None }
+    }
+}
+
+fn two() -> u32 {
+    2
+}
+
+fn minus_one() -> f64 {
+    -1.0
+}
+
+fn default_prompt() -> String {
+    "{{ observation }}".into()
+}
+
+impl TextArenaConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(!self.game.trim().is_empty(), "env.game", "must name a TextArena game, e.g. TicTacToe-v0")?;
+        check(self.players >= 1, "env.players", "must be at least 1")?;
+        check(self.invalid_move_penalty.is_finite(), "env.invalid_move_penalty", "must be a number")?;
+        check_prompt(&self.prompt)?;
+        self.host.validate()
+    }
+
+    /// The agents: `player_0 … player_{players-1}`.
+    pub fn agents(&self) -> Vec<Agent> {
+        (0..self.players).map(|i| Agent::named(&format!("player_{i}")).expect("a valid name")).collect()
+    }
+}
+
+impl ExternalConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(
+            self.module.is_some() != self.command.is_some(),
+            "env",
+            "an external environment needs one of module (my_env:MyEnv) or command ([python, my_env.py])",
+        )?;
+        check(
+            self.command.as_ref().is_none_or(|c| !c.is_empty() && !c[0].is_empty()),
+            "env.command",
+            "must name a program, e.g. [python, my_env.py]",
+        )?;
+        check_prompt(&self.prompt)?;
+        self.host.validate()
+    }
+}
+
+impl HostSettings {
+    fn validate(&self) -> Result<(), Invalid> {
+        check(
+            self.timeout_seconds > 0.0 && self.timeout_seconds.is_finite(),
+            "env.host.timeout_seconds",
+            "must be a positive number of seconds",
+        )
+    }
+
+    /// The interpreter that runs the host.
+    fn python(&self) -> PathBuf {
+        if let Some(python) = &self.python {
+            return python.clone();
+        }
+        if let Some(python) = std::env::var_os("PETTING_PYTHON").filter(|p| !p.is_empty()) {
+            return PathBuf::from(python);
+        }
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+        if checkout.is_file() { checkout } else { PathBuf::from("python3") }
+    }
+}
+
+fn check_prompt(template: &str) -> Result<(), Invalid> {
+    let mut env = minijinja::Environment::new();
+    env.add_template("prompt", template)
+        .map(|_| ())
+        .map_err(|e| Invalid { key: "env.prompt".into(), message: format!("is not a valid template: {e}") })
+}
+
+/// The hosted environment of a run, as the host is started for it.
+#[derive(Debug, Clone, Copy)]
+pub enum HostedConfig<'a> {
+    TextArena(&'a TextArenaConfig),
+    External(&'a ExternalConfig),
+}
+
+impl HostedConfig<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            HostedConfig::TextArena(_) => "textarena",
+            HostedConfig::External(_) => "external",
+        }
+    }
+
+    fn settings(&self) -> &HostSettings {
+        match self {
+            HostedConfig::TextArena(c) => &c.host,
+            HostedConfig::External(c) => &c.host,
+        }
+    }
+
+    fn prompt(&self) -> &str {
+        match self {
+            HostedConfig::TextArena(c) => &c.prompt,
+            HostedConfig::External(c) => &c.prompt,
+        }
+    }
+
+    /// The `env` mapping of hello: the keys the host reads.
+    fn hello_env(&self) -> Value {
+        match self {
+            HostedConfig::TextArena(c) => json!({
+                "name": "textarena",
+                "game": c.game,
+                "players": c.players,
+                "invalid_move_penalty": c.invalid_move_penalty,
+                "kwargs": c.kwargs,
+            }),
+            HostedConfig::External(c) => {
+                let mut env = json!({"name": "external", "config": c.config});
+                if let Some(module) = &c.module {
+                    env["module"] = json!(module);
+                }
+                env
+            }
+        }
+    }
+
+    fn launch(&self) -> std::io::Result<host::Launch> {
+        let settings = self.settings();
+        let python = settings.python();
+        let package = package::folder()?;
+        let python_path = match std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            Some(existing) => format!("{}:{}", package.display(), existing.to_string_lossy()),
+            None => package.display().to_string(),
+        };
+        let (program, args) = match self {
+            HostedConfig::External(ExternalConfig { command: Some(command), .. }) => {
+                let program = if matches!(command[0].as_str(), "python" | "python3") {
+                    python.clone()
+                } else {
+                    PathBuf::from(&command[0])
+                };
+                (program, command[1..].to_vec())
+            }
+            _ => (python.clone(), vec!["-m".into(), "petting_env.host".into()]),
+        };
+        Ok(host::Launch {
+            program,
+            args,
+            workdir: settings.workdir.clone().unwrap_or_else(|| PathBuf::from(".")),
+            env: vec![("PYTHONPATH".into(), python_path), ("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
+            timeout: Duration::from_secs_f64(settings.timeout_seconds),
+        })
+    }
+}
+
+/// A started host and what every episode of it shares.
+#[derive(Debug)]
+pub struct Session {
+    pub host: Host,
+    name: &'static str,
+    prompt: String,
+    next_id: AtomicU64,
+}
+
+impl Session {
+    /// Starts the host of `config` and checks that its agents are `agents`.
+    pub fn start(config: HostedConfig, agents: &[Agent]) -> Result<Arc<Session>, host::Error> {
+        let launch = config.launch().map_err(|source| host::Error::Start { command: "petting_env".into(), source })?;
+        let host = Host::start(&launch, config.hello_env())?;
+        let mut expected = agents.to_vec();
+        let mut named = host.agents().to_vec();
+        expected.sort();
+        named.sort();
+        if expected != named {
+            return Err(host::Error::Agents { named, expected });
+        }
+        let name = config.name();
+        Ok(Arc::new(Session { host, name, prompt: config.prompt().to_string(), next_id: AtomicU64::new(0) }))
+    }
+
+    /// The environment's name (`env.name`).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// A fresh episode id.
+    pub fn new_id(&self) -> String {
+        format!("e{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// One hosted episode, as the workflows see it: its id in the host and its turn.
+#[derive(Debug, Clone)]
+pub struct Hosted {
+    session: Arc<Session>,
+    /// The task row, as the host's `make` receives it.
+    task: Value,
+    seed: u64,
+    /// The episode's id in the host; empty until made.
+    id: String,
+    turn: Option<(Agent, String)>,
+    done: bool,
+    success: bool,
+    team_reward: f64,
+}
+
+impl Hosted {
+    /// An episode of `instance` (a `tasks` row's JSON), not yet made in the host.
+    pub fn new(session: &Arc<Session>, instance: &str, seed: u64) -> Result<Hosted, super::Error> {
+        let task: Value = serde_json::from_str(instance)
+            .map_err(|e| super::Error::Instance { env: "hosted", reason: e.to_string() })?;
+        Ok(Hosted {
+            session: Arc::clone(session),
+            task,
+            seed,
+            id: String::new(),
+            turn: None,
+            done: false,
+            success: false,
+            team_reward: 0.0,
+        })
+    }
+
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// What `make` needs for this episode under the id `id`.
+    pub fn make_item(&self, id: String) -> (String, Value, u64) {
+        // Python seeds and numpy's want 32 bits; the run's streams are 64.
+        (id, self.task.clone(), self.seed % (1 << 31))
+    }
+
+    /// The episode made under `id`, at `turn`.
+    pub fn made(&mut self, id: String, turn: &Turn) -> Result<(), String> {
+        self.id = id;
+        self.set_turn(turn.agent.as_deref(), turn.observation.as_deref(), turn.done)
+    }
+
+    /// The episode after a step that the host took under `id` (a fork of this one).
+    pub fn stepped(&mut self, id: String, stepped: &Stepped) -> Result<(), String> {
+        self.id = id;
+        self.team_reward = stepped.team_reward;
+        self.success = stepped.success;
+        match &stepped.next {
+            Some(next) if !stepped.done => self.set_turn(next.agent.as_deref(), next.observation.as_deref(), next.done),
+            _ => self.set_turn(None, None, true),
+        }
+    }
+
+    fn set_turn(&mut self, agent: Option<&str>, observation: Option<&str>, done: bool) -> Result<(), String> {
+        self.done = done;
+        self.turn = match (done, agent) {
+            (true, _) => None,
+            (false, Some(agent)) => Some((Agent::named(agent)?, observation.unwrap_or_default().to_string())),
+            (false, None) => return Err("a turn that is not done names no agent".into()),
+        };
+        Ok(())
+    }
+
+    /// Whose turn it is, or None once the episode is over.
+    pub fn next_agent(&self) -> Option<Agent> {
+        self.turn.as_ref().map(|(agent, _)| *agent)
+    }
+
+    pub fn observation(&self) -> &str {
+        self.turn.as_ref().map_or("", |(_, text)| text)
+    }
+
+    /// The prompt of the agent to act: the run file's template over its observation.
+    pub fn prompt(&self, turn: u32) -> String {
+        let (agent, observation) = self.turn.as_ref().map_or(("", ""), |(a, o)| (a.as_str(), o.as_str()));
+        let env = minijinja::Environment::new();
+        env.render_str(&self.session.prompt, minijinja::context! { observation, agent, turn })
+            .unwrap_or_else(|e| format!("{observation}\n(env.prompt failed: {e})"))
+    }
+
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    pub fn success(&self) -> bool {
+        self.success
+    }
+
+    pub fn team_reward(&self) -> f64 {
+        self.team_reward
+    }
+}

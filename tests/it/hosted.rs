@@ -1,0 +1,153 @@
+//! Hosted environments end to end: a real environment host (`python/petting_env`, a
+//! Python process) holds the episodes, petting samples the agents' replies on the tiny
+//! fixture model and trains on what the host's steps earned.
+
+use std::path::Path;
+
+use crate::pipeline::sql_rows;
+use crate::support::{RunFile, fixture, run};
+
+/// One iteration of `env` (a YAML mapping) played by `agents` on one shared policy, in
+/// tree mode with two branches per node.
+fn hosted_run(dir: &Path, env: &str, agents: &[&str]) -> RunFile {
+    let agents: Vec<String> = agents.iter().map(|a| format!("{a}: {{policy: shared}}")).collect();
+    RunFile::new(&format!(
+        "store: {store}
+seed: 3
+iterations: 1
+data: {{train_tasks: 4, test_tasks: 2}}
+agents: {{{agents}}}
+policies: {{shared: {{model: {model}, optimizer: {{lr: 1.0e-3}}}}}}
+rollout: {{tasks_per_iteration: 2, branches: 2, sampling: {{temperature: 1.0, max_new_tokens: 6}}}}
+evaluation: {{tasks: 2, modes: [multi_agent], sampling: {{max_new_tokens: 6}}}}
+",
+        store = dir.join("run").display(),
+        agents = agents.join(", "),
+        model = fixture("hf-tiny-qwen3").display(),
+    ))
+    .set("env", env)
+}
+
+const GUESS_NUMBER: &str = "{name: external, module: 'petting_env.examples.guess_number:GuessNumber', \
+                            config: {high: 8, max_turns: 4}}";
+
+fn run_ok(file: &RunFile, dir: &Path) -> String {
+    let path = file.write(&dir.join("run.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    assert!(ok, "{stdout}\n{stderr}");
+    stdout
+}
+
+fn run_err(file: &RunFile, dir: &Path) -> String {
+    let path = file.write(&dir.join("run.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    assert!(!ok, "{stdout}");
+    stderr
+}
+
+#[test]
+fn an_external_environment_is_played_in_its_own_turn_order_and_trained_on() {
+    let dir = tempfile::tempdir().unwrap();
+    run_ok(&hosted_run(dir.path(), GUESS_NUMBER, &["alice", "bob"]), dir.path());
+    let store = dir.path().join("run");
+    // The host made the tasks: a secret per task, reproducible from the run seed.
+    let tasks = sql_rows(&store, "select instance from tasks order by task_id");
+    assert_eq!(tasks.len(), 6);
+    assert!(tasks.iter().all(|t| t.contains("secret")), "{tasks:?}");
+    // alice opens every episode, bob answers; each (task, agent, turn) node has its two
+    // branches, which saw one prompt.
+    let nodes = sql_rows(
+        &store,
+        "select task_id, agent, turn, count(*), count(distinct prompt_message) from turns \
+         where iteration = 0 group by 1, 2, 3 order by 1, 3, 2",
+    );
+    assert!(!nodes.is_empty());
+    assert!(nodes.iter().all(|n| n.ends_with(",2,1")), "{nodes:?}");
+    let openers = sql_rows(&store, "select distinct agent from turns where node_id < 2");
+    assert_eq!(openers, ["alice"]);
+    assert!(nodes.iter().all(|n| n.contains(",alice,") || n.contains(",bob,")), "{nodes:?}");
+    // What the prompts show is the host's observation under the default template.
+    let prompts = sql_rows(&store, "select prompt_message from turns where agent = 'bob' limit 1");
+    assert!(prompts[0].contains("You are bob"), "{prompts:?}");
+    // A reply without a number is the mover's invalid move (-0.1); a number earns 0 or 1.
+    let rewards = sql_rows(&store, "select distinct local_reward from turns order by 1");
+    assert!(rewards.iter().all(|r| ["-0.1", "0.0", "1.0"].contains(&r.as_str())), "{rewards:?}");
+    // The update trained both agents' samples, and the evaluation played the team.
+    assert_eq!(sql_rows(&store, "select count(distinct agent) from samples"), ["2"]);
+    assert!(!sql_rows(&store, "select mode from evals where mode = 'multi_agent'").is_empty());
+}
+
+#[test]
+fn a_script_that_serves_its_environment_is_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "from petting_env import serve\n\
+                  from petting_env.examples.guess_number import GuessNumber\n\
+                  class Chatty(GuessNumber):\n\
+                  \x20   def reset(self, task, seed):\n\
+                  \x20       print('a print in the environment goes to stderr, not into the protocol')\n\
+                  \x20       super().reset(task, seed)\n\
+                  serve(Chatty)\n";
+    std::fs::write(dir.path().join("guess.py"), script).unwrap();
+    let env = "{name: external, command: [python, guess.py], config: {high: 4, max_turns: 2}}";
+    run_ok(&hosted_run(dir.path(), env, &["alice", "bob"]), dir.path());
+    let played = sql_rows(&dir.path().join("run"), "select count(*) > 0 from turns");
+    assert_eq!(played, ["true"]);
+}
+
+#[test]
+fn an_error_inside_the_users_environment_names_the_episode_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = "from petting_env import Env\n\
+                  class Broken(Env):\n\
+                  \x20   agents = ('solo',)\n\
+                  \x20   @classmethod\n\
+                  \x20   def tasks(cls, config, split, count, seed):\n\
+                  \x20       return [{'n': i} for i in range(count)]\n\
+                  \x20   def reset(self, task, seed):\n\
+                  \x20       raise ValueError('the board would not set up')\n";
+    std::fs::write(dir.path().join("broken.py"), broken).unwrap();
+    let env = "{name: external, module: 'broken.py:Broken'}";
+    let stderr = run_err(&hosted_run(dir.path(), env, &["solo"]), dir.path());
+    assert!(stderr.contains("the board would not set up") && stderr.contains("broken.py"), "{stderr}");
+    assert!(stderr.contains("`make`") && stderr.contains("episode e"), "{stderr}");
+}
+
+#[test]
+fn agents_the_environment_does_not_have_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = run_err(&hosted_run(dir.path(), GUESS_NUMBER, &["alice", "carol"]), dir.path());
+    assert!(stderr.contains("[alice, bob]") && stderr.contains("[alice, carol]"), "{stderr}");
+}
+
+#[test]
+fn a_host_that_writes_no_protocol_or_does_not_answer_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let chatty = "{name: external, command: [python, -c, \"print('hello'); import time; time.sleep(30)\"]}";
+    let stderr = run_err(&hosted_run(dir.path(), chatty, &["agent"]), dir.path());
+    assert!(stderr.contains("not JSON") && stderr.contains("hello"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let silent = "{name: external, command: [python, -c, \"import time; time.sleep(30)\"], \
+                  host: {timeout_seconds: 1}}";
+    let stderr = run_err(&hosted_run(dir.path(), silent, &["agent"]), dir.path());
+    assert!(stderr.contains("did not answer `hello` within 1 s (env.host.timeout_seconds)"), "{stderr}");
+}
+
+#[test]
+fn a_textarena_game_is_played_by_its_players() {
+    if !crate::support::full_suite("a_textarena_game_is_played_by_its_players") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let env = "{name: textarena, game: TicTacToe-v0, players: 2}";
+    run_ok(&hosted_run(dir.path(), env, &["player_0", "player_1"]), dir.path());
+    let store = dir.path().join("run");
+    let agents = sql_rows(&store, "select distinct agent from turns order by 1");
+    assert!(agents.iter().all(|a| a.starts_with("player_")) && agents.contains(&"player_0".into()), "{agents:?}");
+    // The tiny model writes no valid move: TextArena's invalid-move penalty lands on the
+    // mover, a game lost by invalid moves costs its final -1 besides.
+    let penalised = sql_rows(&store, "select count(*) from turns where local_reward <= -1.0");
+    assert_ne!(penalised, ["0"]);
+    let prompts = sql_rows(&store, "select prompt_message from turns where agent = 'player_0' limit 1");
+    assert!(prompts[0].contains("Tic Tac Toe") || prompts[0].contains("Player 0"), "{prompts:?}");
+}
