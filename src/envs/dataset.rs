@@ -217,7 +217,7 @@ pub fn math_records(file: &DatasetFile) -> Result<Vec<Record<math::Instance>>, E
             let problem = required(row, file, DatasetField::Problem, i)?;
             let answer = required(row, file, DatasetField::Answer, i)?;
             let solution = get(row, file, DatasetField::Solution).map(text);
-            Ok(Record { id: id_of(row, file, i), instance: math::Instance { problem, answer }, solution })
+            Ok(Record { id: id_of(row, file, i), instance: math::Instance { problem, answer, entry: None }, solution })
         })
         .collect()
 }
@@ -306,7 +306,7 @@ mod tests {
         let records = math_records(&file(&path, &mapping)).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(records[0].id, "2024-I-1");
-        assert_eq!(records[0].instance, math::Instance { problem: "p1".into(), answer: "204".into() });
+        assert_eq!(records[0].instance, math::Instance { problem: "p1".into(), answer: "204".into(), entry: None });
         let message = math_records(&file(&path, &[])).unwrap_err().to_string();
         assert!(
             message.ends_with("row 1: no column `problem` for problem; map it with data.*_file.columns.problem"),

@@ -19,8 +19,12 @@
 //! else (tuples, sets, intervals, matrices, symbolic expressions with variables,
 //! text) matches only if the normalised strings are equal, case-insensitively.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use serde::{Deserialize, Serialize};
 
+use super::hosted::Session;
 use super::{Env, Error, Step, after_marker};
 use crate::sandbox::Sandbox;
 
@@ -45,14 +49,49 @@ impl Default for MathConfig {
 pub struct Instance {
     pub problem: String,
     pub answer: String,
+    /// The task row an outside scorer reads (a reasoning-gym entry), as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
+}
+
+/// An outside scorer's verdicts on one task's answers (a reasoning-gym dataset's own
+/// `score_answer`, through the environment host): play asks for every answer of a step
+/// in one request before the step reads them.
+#[derive(Debug)]
+pub struct Judge {
+    pub session: Arc<Session>,
+    /// The task row the scorer is given.
+    pub entry: serde_json::Value,
+    verdicts: Mutex<HashMap<String, bool>>,
+}
+
+impl Judge {
+    pub fn new(session: Arc<Session>, entry: serde_json::Value) -> Judge {
+        Judge { session, entry, verdicts: Mutex::default() }
+    }
+
+    pub fn has(&self, answer: &str) -> bool {
+        self.verdicts.lock().expect("verdicts").contains_key(answer)
+    }
+
+    /// Records the scorer's verdict; a score of 1 is right.
+    pub fn set(&self, answer: String, score: f64) {
+        self.verdicts.lock().expect("verdicts").insert(answer, score >= 1.0);
+    }
+
+    fn verdict(&self, answer: &str) -> bool {
+        *self.verdicts.lock().expect("verdicts").get(answer).expect("every answer is scored before its step reads it")
+    }
 }
 
 /// One math episode: the problem and whether the latest answer was right.
 #[derive(Debug, Clone)]
 pub struct Math {
-    instance: std::sync::Arc<Instance>,
+    instance: Arc<Instance>,
     tolerance: f64,
     correct: bool,
+    /// Scores the answers instead of [`answers_match`] against the reference.
+    judge: Option<Arc<Judge>>,
 }
 
 /// The content of the last `\boxed{…}`, braces balanced.
@@ -344,7 +383,16 @@ pub fn answers_match(given: &str, reference: &str, tolerance: f64) -> bool {
 
 impl Math {
     pub fn new(config: &MathConfig, instance: Instance) -> Math {
-        Math { instance: std::sync::Arc::new(instance), tolerance: config.tolerance, correct: false }
+        Math { instance: Arc::new(instance), tolerance: config.tolerance, correct: false, judge: None }
+    }
+
+    /// A task whose answers `judge` scores.
+    pub fn judged(tolerance: f64, instance: Instance, judge: Judge) -> Math {
+        Math { instance: Arc::new(instance), tolerance, correct: false, judge: Some(Arc::new(judge)) }
+    }
+
+    pub fn judge(&self) -> Option<&Arc<Judge>> {
+        self.judge.as_ref()
     }
 
     pub fn from_instance(config: &MathConfig, json: &str) -> Result<Math, Error> {
@@ -359,7 +407,10 @@ impl Math {
 
     /// Whether an answer is right.
     pub fn is_correct(&self, answer: &str) -> bool {
-        answers_match(answer, &self.instance.answer, self.tolerance)
+        match &self.judge {
+            Some(judge) => judge.verdict(answer),
+            None => answers_match(answer, &self.instance.answer, self.tolerance),
+        }
     }
 
     pub fn same_answer(&self, a: &str, b: &str) -> bool {

@@ -25,7 +25,7 @@ use crate::sandbox::Sandbox;
 use crate::validate::{Invalid, check};
 
 pub use code::{Code, CodeConfig};
-pub use hosted::{ExternalConfig, Hosted, HostedConfig, TextArenaConfig};
+pub use hosted::{ExternalConfig, Hosted, HostedConfig, ReasoningGymConfig, TextArenaConfig};
 pub use math::{Math, MathConfig};
 pub use plan_path::{PlanPath, PlanPathConfig};
 pub use sokoban::{Sokoban, SokobanConfig};
@@ -47,6 +47,8 @@ pub enum EnvConfig {
     TextArena(TextArenaConfig),
     /// A user's own environment, hosted.
     External(ExternalConfig),
+    /// A reasoning-gym dataset: math tasks its host makes and scores.
+    ReasoningGym(ReasoningGymConfig),
 }
 
 impl EnvConfig {
@@ -60,6 +62,7 @@ impl EnvConfig {
             EnvConfig::Code(_) => "code",
             EnvConfig::TextArena(_) => "textarena",
             EnvConfig::External(_) => "external",
+            EnvConfig::ReasoningGym(_) => "reasoning_gym",
         }
     }
 
@@ -79,6 +82,7 @@ impl EnvConfig {
         match self {
             EnvConfig::TextArena(c) => Some(HostedConfig::TextArena(c)),
             EnvConfig::External(c) => Some(HostedConfig::External(c)),
+            EnvConfig::ReasoningGym(c) => Some(HostedConfig::ReasoningGym(c)),
             _ => None,
         }
     }
@@ -97,6 +101,7 @@ impl EnvConfig {
             EnvConfig::TicTacToe(_) => Ok(()),
             EnvConfig::TextArena(c) => c.validate(),
             EnvConfig::External(c) => c.validate(),
+            EnvConfig::ReasoningGym(c) => c.validate(),
         }
     }
 }
@@ -211,7 +216,7 @@ impl AnyEnv {
             EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::from_instance(instance)?),
             EnvConfig::Math(c) => AnyEnv::Math(Math::from_instance(c, instance)?),
             EnvConfig::Code(c) => AnyEnv::Code(Code::from_instance(c, instance)?),
-            EnvConfig::TextArena(_) | EnvConfig::External(_) => {
+            EnvConfig::TextArena(_) | EnvConfig::External(_) | EnvConfig::ReasoningGym(_) => {
                 return Err(Error::Instance {
                     env: config.name(),
                     reason: "a hosted environment's episodes are made by its host (play::games)".into(),

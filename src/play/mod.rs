@@ -15,14 +15,14 @@
 //! threads. Rollout and evaluate both play through it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::RunConfig;
-use crate::config::{OverlongPrompt, RolloutMode, Selection};
+use crate::config::{OverlongPrompt, RolloutMode, RunConfig, Selection};
 use crate::engine::{Prompt, Reply, Responder};
-use crate::envs::AnyEnv;
 use crate::envs::hosted::{self, Hosted};
+use crate::envs::math::{self, Judge, Math, extract_answer, extract_output_answer};
+use crate::envs::{AnyEnv, EnvConfig, ReasoningGymConfig};
 use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
@@ -40,13 +40,26 @@ pub struct Game {
 /// as long as the games.
 pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> {
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
-    match config.env.hosted() {
-        Some(hosted) => {
+    match (&config.env, config.env.hosted()) {
+        (EnvConfig::ReasoningGym(gym), Some(hosted)) => {
+            let session = hosted::Session::start(hosted, &config.team())?;
+            tasks.iter().map(|t| Ok(game(t, AnyEnv::Math(judged(gym, &session, &t.instance)?)))).collect()
+        }
+        (_, Some(hosted)) => {
             let session = hosted::Session::start(hosted, &config.team())?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
-        None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
+        (_, None) => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
     }
+}
+
+/// A reasoning-gym task as a math episode whose answers its host scores.
+fn judged(gym: &ReasoningGymConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<Math, Error> {
+    let bad = |reason: String| crate::envs::Error::Instance { env: "reasoning_gym", reason };
+    let instance: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
+    let entry = instance.entry.as_deref().ok_or_else(|| bad("the task has no entry to score against".into()))?;
+    let entry = serde_json::from_str(entry).map_err(|e| bad(e.to_string()))?;
+    Ok(Math::judged(gym.tolerance, instance, Judge::new(Arc::clone(session), entry)))
 }
 
 /// How many candidates each step samples, and which continues.
@@ -229,7 +242,7 @@ pub fn play(
         model += started.elapsed();
         let (stepped, sandbox_time) = match &hosted {
             Some(session) => (step_hosted(session, &tracks, &live, &step)?, Duration::ZERO),
-            None => step_branches(&tracks, &live, &step, sandbox),
+            None => step_branches(&tracks, &live, &step, sandbox)?,
         };
         sandboxed += sandbox_time;
         let mut finished_ids: Vec<String> = Vec::new();
@@ -489,7 +502,7 @@ fn step_branches(
     live: &[usize],
     step: &SampledStep,
     sandbox: &Sandbox,
-) -> (Vec<(Episode, TurnOutcome)>, Duration) {
+) -> Result<(Vec<(Episode, TurnOutcome)>, Duration), Error> {
     let branches = step.replies.len() / live.len();
     let live: Vec<&Track> = live.iter().map(|&t| &tracks[t]).collect();
     let programs: Vec<Option<Program>> = step
@@ -513,12 +526,48 @@ fn step_branches(
     };
     let jobs: Vec<(usize, Option<RunOutput>)> =
         programs.iter().enumerate().map(|(i, p)| (i, p.as_ref().map(output_of))).collect();
+    judge_answers(&live, branches, step, &jobs)?;
     let stepped = parallel_map(jobs, |(i, run)| {
         let mut episode = live[i / branches].episode.clone();
         let outcome = episode.step_with(&step.replies[i].1.text, run, sandbox);
         (episode, outcome)
     });
-    (stepped, sandbox_time)
+    Ok((stepped, sandbox_time))
+}
+
+/// Has the host score, in one request, every answer of this step that a judged math
+/// task (reasoning-gym) will read: each reply's and each tool program's output's.
+fn judge_answers(
+    live: &[&Track],
+    branches: usize,
+    step: &SampledStep,
+    runs: &[(usize, Option<RunOutput>)],
+) -> Result<(), Error> {
+    // (judge, the text scored, its answer), each answer of a task once.
+    let mut wanted: Vec<(Arc<Judge>, String, String)> = Vec::new();
+    for (i, run) in runs {
+        let AnyEnv::Math(math) = live[i / branches].episode.env() else { continue };
+        let Some(judge) = math.judge() else { continue };
+        let reply = &step.replies[*i].1.text;
+        let from_reply = extract_answer(reply).map(|answer| (reply.clone(), answer));
+        let ran = run.as_ref().filter(|r| r.ok());
+        let from_program = ran.and_then(|r| extract_output_answer(&r.stdout).map(|answer| (r.stdout.clone(), answer)));
+        for (text, answer) in from_reply.into_iter().chain(from_program) {
+            let asked = wanted.iter().any(|(j, _, a)| Arc::ptr_eq(j, judge) && *a == answer);
+            if !judge.has(&answer) && !asked {
+                wanted.push((Arc::clone(judge), text, answer));
+            }
+        }
+    }
+    let Some((first, ..)) = wanted.first() else { return Ok(()) };
+    let session = Arc::clone(&first.session);
+    let items: Vec<_> =
+        wanted.iter().map(|(judge, text, answer)| (judge.entry.clone(), text.clone(), Some(answer.clone()))).collect();
+    let scores = session.host.score(&items)?;
+    for ((judge, _, answer), score) in wanted.into_iter().zip(scores) {
+        judge.set(answer, score);
+    }
+    Ok(())
 }
 
 fn same_program(a: &Program, b: &Program) -> bool {

@@ -35,7 +35,7 @@ use crate::config::ModelInit;
 use crate::config::RunConfig;
 use crate::envs::dataset::DatasetFile;
 use crate::envs::hosted::Session;
-use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset};
+use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset, math};
 use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
 use crate::rng::{Key, SplitMix64, stream};
 use crate::sandbox::{Sandbox, SandboxConfig};
@@ -68,6 +68,9 @@ pub enum Error {
 
     #[error("{path}: committed tokenizer file is not UTF-8")]
     NotUtf8 { path: String },
+
+    #[error("{task_id}: the environment host's task cannot be used: {reason}")]
+    HostTask { task_id: String, reason: String },
 
     #[error("{split}: {wanted} tasks wanted, but only {found} distinct ones {source_text}")]
     NotEnoughTasks { split: &'static str, wanted: usize, found: usize, source_text: String },
@@ -211,7 +214,9 @@ fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
         EnvConfig::Sokoban(c) => AnyEnv::Sokoban(Sokoban::generate(c, seed)),
         EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::generate(seed)),
         EnvConfig::Math(_) | EnvConfig::Code(_) => unreachable!("read from files"),
-        EnvConfig::TextArena(_) | EnvConfig::External(_) => unreachable!("made by the host"),
+        EnvConfig::TextArena(_) | EnvConfig::External(_) | EnvConfig::ReasoningGym(_) => {
+            unreachable!("made by the host")
+        }
     }
 }
 
@@ -227,21 +232,37 @@ fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<T
             let source_text = format!("from the environment host's tasks({name:?}, {n})");
             return Err(Error::NotEnoughTasks { split: name, wanted: n, found: rows.len(), source_text });
         }
-        Ok(rows
-            .into_iter()
+        rows.into_iter()
             .enumerate()
-            .map(|(i, row)| TaskRow {
-                task_id: format!("{env}/{name}/{i:06}"),
-                env: env.to_string(),
-                seed: stream(&[config.seed, key, i as u64]),
-                instance: row.to_string(),
-                reference: None,
-                difficulty: None,
-                source: "host".into(),
+            .map(|(i, row)| {
+                let task_id = format!("{env}/{name}/{i:06}");
+                let (instance, reference) = match &config.env {
+                    EnvConfig::ReasoningGym(_) => {
+                        math_task(&row).map_err(|reason| Error::HostTask { task_id: task_id.clone(), reason })?
+                    }
+                    _ => (row.to_string(), None),
+                };
+                let seed = stream(&[config.seed, key, i as u64]);
+                let source = "host".into();
+                Ok(TaskRow { task_id, env: env.to_string(), seed, instance, reference, difficulty: None, source })
             })
-            .collect())
+            .collect()
     };
     Ok((split("train", Key::TRAIN_TASKS, train_n)?, split("test", Key::TEST_TASKS, test_n)?))
+}
+
+/// A reasoning-gym entry as a math task: its question, its answer as text (the
+/// reference), and the whole entry, which its scorer reads.
+fn math_task(entry: &serde_json::Value) -> Result<(String, Option<String>), String> {
+    let text = |key: &str| match entry.get(key) {
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(other) if !other.is_null() => Ok(other.to_string()),
+        _ => Err(format!("the entry has no `{key}`")),
+    };
+    let answer = text("answer")?;
+    let instance =
+        math::Instance { problem: text("question")?, answer: answer.clone(), entry: Some(entry.to_string()) };
+    Ok((json(&instance), Some(json(&answer))))
 }
 
 /// The instance JSON of a generated environment: what makes two tasks the same.

@@ -143,7 +143,7 @@ impl WorkflowKind {
         match self {
             WorkflowKind::SingleAgent => !matches!(env, "tic_tac_toe" | "textarena" | "external"),
             WorkflowKind::ToolPlanner => matches!(env, "plan_path" | "sudoku" | "sokoban"),
-            WorkflowKind::ToolReasoner => env == "math",
+            WorkflowKind::ToolReasoner => matches!(env, "math" | "reasoning_gym"),
             WorkflowKind::CoderTester => env == "code",
             WorkflowKind::TwoPlayers => env == "tic_tac_toe",
             WorkflowKind::Environment => matches!(env, "textarena" | "external"),

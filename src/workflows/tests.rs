@@ -173,7 +173,11 @@ fn tool_and_planner_play_sudoku_and_sokoban() {
 }
 
 fn math() -> AnyEnv {
-    let instance = crate::envs::math::Instance { problem: "What is 1/4 + 1/4?".into(), answer: "\\frac{1}{2}".into() };
+    let instance = crate::envs::math::Instance {
+        problem: "What is 1/4 + 1/4?".into(),
+        answer: "\\frac{1}{2}".into(),
+        entry: None,
+    };
     AnyEnv::Math(Math::new(&MathConfig::default(), instance))
 }
 

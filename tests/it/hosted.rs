@@ -151,3 +151,85 @@ fn a_textarena_game_is_played_by_its_players() {
     let prompts = sql_rows(&store, "select prompt_message from turns where agent = 'player_0' limit 1");
     assert!(prompts[0].contains("Tic Tac Toe") || prompts[0].contains("Player 0"), "{prompts:?}");
 }
+
+/// Replies `#### <the reference answer>` to the first prompt of each pair, a wrong
+/// answer to the second.
+struct Answering(Vec<(String, String)>);
+
+impl petting::engine::Responder for Answering {
+    fn respond(
+        &mut self,
+        _policy: &str,
+        prompts: &[petting::engine::Prompt],
+    ) -> Result<Vec<petting::engine::Reply>, petting::engine::Error> {
+        Ok(prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (_, answer) = self.0.iter().find(|(question, _)| p.text.contains(question.as_str())).unwrap();
+                let text = if i % 2 == 0 { format!("#### {answer}") } else { "#### 0.123".into() };
+                petting::engine::Reply {
+                    prompt_text: p.text.clone(),
+                    prompt_tokens: vec![1],
+                    tokens: vec![2; 3],
+                    logprobs: vec![-0.5; 3],
+                    text,
+                    finish_reason: "eos".into(),
+                    seconds: 0.0,
+                    engine: petting::config::EngineKind::Tch,
+                    engine_model: "scripted".into(),
+                }
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer() {
+    if !crate::support::full_suite("reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer") {
+        return;
+    }
+    use petting::play::{Branching, Setup, games, play};
+    use petting::workflows::{Agent, WorkflowKind};
+    let dir = tempfile::tempdir().unwrap();
+    let text = hosted_run(
+        dir.path(),
+        "{name: reasoning_gym, dataset: basic_arithmetic, config: {min_terms: 2, max_terms: 3}}",
+        &["agent"],
+    )
+    .set("workflow", "{kind: single_agent, max_turns: 1}")
+    .text();
+    let config = petting::config::parse(&text, dir.path().join("run.yaml").as_path()).unwrap();
+    let (train, test) = petting::stages::prepare_data::tasks(&config).unwrap();
+    assert_eq!((train.len(), test.len()), (4, 2));
+    let (again, _) = petting::stages::prepare_data::tasks(&config).unwrap();
+    assert_eq!(train, again, "the host makes the same tasks from the same seed");
+    assert_ne!(train[0].instance, test[0].instance);
+    let questions: Vec<(String, String)> = train
+        .iter()
+        .map(|t| {
+            let instance: serde_json::Value = serde_json::from_str(&t.instance).unwrap();
+            (instance["problem"].as_str().unwrap().to_string(), instance["answer"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let setup = Setup {
+        workflow: WorkflowKind::SingleAgent,
+        max_turns: 1,
+        alone: false,
+        opponent: None,
+        policies: [(Agent::SINGLE, "shared".to_string())].into(),
+        branching: Branching::Independent { episodes: 2 },
+        seed_keys: vec![3],
+        overlong_prompt: petting::config::OverlongPrompt::Error,
+    };
+    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
+    let played =
+        play(&games(&config, &train).unwrap(), &setup, &mut Answering(questions), &sandbox, &petting::progress::Quiet)
+            .unwrap();
+    assert_eq!(played.candidates.len(), 8);
+    for candidate in &played.candidates {
+        let right = !candidate.reply.text.contains("0.123");
+        assert_eq!(candidate.outcome.local_reward, if right { 1.0 } else { 0.0 }, "{}", candidate.reply.text);
+        assert_eq!(candidate.outcome.success, right);
+    }
+}

@@ -131,7 +131,7 @@ impl std::fmt::Debug for Host {
 impl Host {
     /// Starts the host and says hello: `env` is the environment's mapping as the host
     /// reads it. The host answers with its agents.
-    pub fn start(launch: &Launch, env: Value) -> Result<Host, Error> {
+    pub fn start(launch: &Launch, env: Value, reward: Option<&str>) -> Result<Host, Error> {
         let command = launch.shown();
         let mut child = Command::new(&launch.program)
             .args(&launch.args)
@@ -172,7 +172,8 @@ impl Host {
             stderr,
         };
         let workdir = launch.workdir.display().to_string();
-        let hello = host.request("hello", json!({"protocol": PROTOCOL, "env": env, "workdir": workdir}))?;
+        let hello =
+            host.request("hello", json!({"protocol": PROTOCOL, "env": env, "workdir": workdir, "reward": reward}))?;
         let names: Vec<String> = host.field(&hello, "hello", "agents")?;
         host.agents = names
             .iter()
@@ -211,6 +212,33 @@ impl Host {
         let items: Vec<Value> = items.iter().map(|(id, new)| json!({"id": id, "new": new})).collect();
         let _: Vec<Value> = self.batch("fork", items)?;
         Ok(())
+    }
+
+    /// Scores replies to tasks: (task row, the whole reply, the answer extracted from it).
+    pub fn score(&self, items: &[(Value, String, Option<String>)]) -> Result<Vec<f64>, Error> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let body: Vec<Value> =
+            items.iter().map(|(task, reply, answer)| json!({"task": task, "reply": reply, "answer": answer})).collect();
+        let answer = self.request("score", json!({"items": body}))?;
+        let scores: Vec<Value> = self.field(&answer, "score", "scores")?;
+        if scores.len() != items.len() {
+            return Err(self.malformed("score", format!("{} scores for {} asked", scores.len(), items.len()), &answer));
+        }
+        scores
+            .iter()
+            .enumerate()
+            .map(|(i, score)| match score {
+                Value::Number(n) => Ok(n.as_f64().unwrap_or(f64::NAN)),
+                other => Err(Error::Episode {
+                    command: self.command.clone(),
+                    op: "score".into(),
+                    episode: format!("(item {i})"),
+                    message: other.get("error").and_then(Value::as_str).unwrap_or("not a number").to_string(),
+                }),
+            })
+            .collect()
     }
 
     /// Forgets episodes (unknown ids are ignored).

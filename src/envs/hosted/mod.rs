@@ -73,6 +73,52 @@ pub struct ExternalConfig {
     pub host: HostSettings,
 }
 
+/// `env: {name: reasoning_gym, dataset: basic_arithmetic, config: {…}}`: a reasoning-gym
+/// dataset as math tasks, for the single-agent and tool + reasoner workflows. The host
+/// makes the tasks from the run seed and scores every answer with the dataset's own
+/// `score_answer` (or `reward: rewards.py:fn`, called with the task row and the reply).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReasoningGymConfig {
+    pub dataset: String,
+    /// The dataset's options (all but `seed` and `size`, which petting sets).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, Value>,
+    /// `file.py:function`, found from the run file's folder: scores a reply instead of
+    /// the dataset (`fn(task, reply) -> float`; 1 is right).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<String>,
+    /// Relative tolerance when the tool agent's and the reasoner's answers are compared
+    /// for agreement.
+    #[serde(default = "default_tolerance")]
+    pub tolerance: f64,
+    #[serde(default)]
+    pub host: HostSettings,
+}
+
+fn default_tolerance() -> f64 {
+    1e-6
+}
+
+impl ReasoningGymConfig {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(
+            !self.dataset.trim().is_empty(),
+            "env.dataset",
+            "must name a reasoning-gym dataset, e.g. basic_arithmetic",
+        )?;
+        check(self.tolerance >= 0.0, "env.tolerance", "must not be negative")?;
+        check(
+            self.reward
+                .as_deref()
+                .is_none_or(|r| r.split_once(':').is_some_and(|(f, n)| !f.is_empty() && !n.is_empty())),
+            "env.reward",
+            "must be file.py:function",
+        )?;
+        self.host.validate()
+    }
+}
+
 /// How the host process runs (`env.host`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -173,6 +219,8 @@ fn check_prompt(template: &str) -> Result<(), Invalid> {
 pub enum HostedConfig<'a> {
     TextArena(&'a TextArenaConfig),
     External(&'a ExternalConfig),
+    /// A task source and scorer; its episodes are petting's own math episodes.
+    ReasoningGym(&'a ReasoningGymConfig),
 }
 
 impl HostedConfig<'_> {
@@ -180,6 +228,19 @@ impl HostedConfig<'_> {
         match self {
             HostedConfig::TextArena(_) => "textarena",
             HostedConfig::External(_) => "external",
+            HostedConfig::ReasoningGym(_) => "reasoning_gym",
+        }
+    }
+
+    /// Whether the host holds the episodes (rather than only making and scoring tasks).
+    pub fn holds_episodes(&self) -> bool {
+        !matches!(self, HostedConfig::ReasoningGym(_))
+    }
+
+    fn reward(&self) -> Option<&str> {
+        match self {
+            HostedConfig::ReasoningGym(c) => c.reward.as_deref(),
+            _ => None,
         }
     }
 
@@ -187,6 +248,7 @@ impl HostedConfig<'_> {
         match self {
             HostedConfig::TextArena(c) => &c.host,
             HostedConfig::External(c) => &c.host,
+            HostedConfig::ReasoningGym(c) => &c.host,
         }
     }
 
@@ -194,6 +256,7 @@ impl HostedConfig<'_> {
         match self {
             HostedConfig::TextArena(c) => &c.prompt,
             HostedConfig::External(c) => &c.prompt,
+            HostedConfig::ReasoningGym(_) => "",
         }
     }
 
@@ -207,6 +270,9 @@ impl HostedConfig<'_> {
                 "invalid_move_penalty": c.invalid_move_penalty,
                 "kwargs": c.kwargs,
             }),
+            HostedConfig::ReasoningGym(c) => {
+                json!({"name": "reasoning_gym", "dataset": c.dataset, "config": c.config})
+            }
             HostedConfig::External(c) => {
                 let mut env = json!({"name": "external", "config": c.config});
                 if let Some(module) = &c.module {
@@ -239,7 +305,10 @@ impl HostedConfig<'_> {
         Ok(host::Launch {
             program,
             args,
-            workdir: settings.workdir.clone().unwrap_or_else(|| PathBuf::from(".")),
+            workdir: match &settings.workdir {
+                Some(dir) => dir.clone(),
+                None => std::env::current_dir()?,
+            },
             env: vec![("PYTHONPATH".into(), python_path), ("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
             timeout: Duration::from_secs_f64(settings.timeout_seconds),
         })
@@ -256,15 +325,16 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts the host of `config` and checks that its agents are `agents`.
+    /// Starts the host of `config` and checks that the agents of an environment it
+    /// holds the episodes of are `agents`.
     pub fn start(config: HostedConfig, agents: &[Agent]) -> Result<Arc<Session>, host::Error> {
         let launch = config.launch().map_err(|source| host::Error::Start { command: "petting_env".into(), source })?;
-        let host = Host::start(&launch, config.hello_env())?;
+        let host = Host::start(&launch, config.hello_env(), config.reward())?;
         let mut expected = agents.to_vec();
         let mut named = host.agents().to_vec();
         expected.sort();
         named.sort();
-        if expected != named {
+        if config.holds_episodes() && expected != named {
             return Err(host::Error::Agents { named, expected });
         }
         let name = config.name();
