@@ -36,7 +36,7 @@ from .env import Env, StepResult, agent_names, json_safe, task_seed
 from .loading import UserCodeError, describe_exception, load_env_class, load_reward
 
 PROTOCOL = 1
-BUILTIN_ENVS = {"textarena", "reasoning_gym"}
+BUILTIN_ENVS = {"textarena", "reasoning_gym", "rewards"}
 
 
 class RequestError(Exception):
@@ -58,6 +58,10 @@ class Episode:
 
 def builtin_env_class(name: str) -> type:
     """The adapter class of a built-in environment, imported only when named."""
+    if name == "rewards":
+        # Only scores replies with hello's reward function: the tasks are petting's own
+        # (a math or code dataset), and so are the episodes.
+        return Env
     if name == "textarena":
         from .textarena_env import TextArenaEnv
 

@@ -98,6 +98,13 @@ class RewardFileTest(unittest.TestCase):
         self.assertIn("task", scores[3]["error"])
         self.assertEqual(host.close(), 0)
 
+    def test_a_host_of_rewards_only_scores_with_the_reward_function(self) -> None:
+        host = HostProcess(HOST)
+        hello(host, {"name": "rewards"}, workdir=FIXTURES, reward="rewards.py:exact")
+        scores = host.ok(op="score", items=[{"task": {"answer": "7"}, "reply": "7", "answer": "7"}])["scores"]
+        self.assertEqual(scores, [1.0])
+        self.assertEqual(host.close(), 0)
+
     def test_missing_reward_function_is_refused_at_hello(self) -> None:
         host = HostProcess(HOST)
         response = host.request(op="hello", protocol=1, env=GUESS, workdir=str(EXAMPLES), reward="nowhere.py:fn")

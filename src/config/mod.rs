@@ -224,6 +224,8 @@ impl LoadedConfig {
         let host = match &mut config.env {
             EnvConfig::TextArena(c) => Some(&mut c.host),
             EnvConfig::External(c) => Some(&mut c.host),
+            EnvConfig::ReasoningGym(c) => Some(&mut c.host),
+            EnvConfig::Math(c) if c.reward.is_some() => Some(&mut c.host),
             _ => None,
         };
         if let Some(host) = host {

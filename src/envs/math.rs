@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::hosted::Session;
+use super::hosted::{HostSettings, PythonReward, Session};
 use super::{Env, Error, Step, after_marker};
 use crate::sandbox::Sandbox;
 
@@ -35,11 +35,17 @@ pub struct MathConfig {
     pub tolerance: f64,
     /// Wall-clock limit of the tool agent's program, in seconds.
     pub tool_timeout_seconds: f64,
+    /// Scores answers with a Python function instead of comparing them with the
+    /// dataset's reference (docs/environments.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reward: Option<PythonReward>,
+    /// How the reward function's host runs.
+    pub host: HostSettings,
 }
 
 impl Default for MathConfig {
     fn default() -> Self {
-        MathConfig { tolerance: 1e-6, tool_timeout_seconds: 20.0 }
+        MathConfig { tolerance: 1e-6, tool_timeout_seconds: 20.0, reward: None, host: HostSettings::default() }
     }
 }
 

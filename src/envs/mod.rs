@@ -25,7 +25,7 @@ use crate::sandbox::Sandbox;
 use crate::validate::{Invalid, check};
 
 pub use code::{Code, CodeConfig};
-pub use hosted::{ExternalConfig, Hosted, HostedConfig, ReasoningGymConfig, TextArenaConfig};
+pub use hosted::{ExternalConfig, Hosted, HostedConfig, PythonReward, ReasoningGymConfig, TextArenaConfig};
 pub use math::{Math, MathConfig};
 pub use plan_path::{PlanPath, PlanPathConfig};
 pub use sokoban::{Sokoban, SokobanConfig};
@@ -77,6 +77,18 @@ impl EnvConfig {
         !self.reads_files() && self.hosted().is_none()
     }
 
+    /// The host that scores this environment's answers, if one does (a reasoning-gym
+    /// dataset's, or the run's Python reward function's).
+    pub fn scorer(&self) -> Option<HostedConfig<'_>> {
+        match self {
+            EnvConfig::ReasoningGym(c) => Some(HostedConfig::ReasoningGym(c)),
+            EnvConfig::Math(MathConfig { reward: Some(reward), host, .. }) => {
+                Some(HostedConfig::Rewards { reward, host })
+            }
+            _ => None,
+        }
+    }
+
     /// The hosted environment, if this is one.
     pub fn hosted(&self) -> Option<HostedConfig<'_>> {
         match self {
@@ -96,7 +108,13 @@ impl EnvConfig {
                 check(s.size >= 4, "env.size", "must be at least 4 (walls included)")?;
                 check(s.boxes >= 1, "env.boxes", "must be at least 1")
             }
-            EnvConfig::Math(m) => check(m.tolerance >= 0.0, "env.tolerance", "must not be negative"),
+            EnvConfig::Math(m) => {
+                check(m.tolerance >= 0.0, "env.tolerance", "must not be negative")?;
+                if let Some(reward) = &m.reward {
+                    reward.validate()?;
+                }
+                m.host.validate()
+            }
             EnvConfig::Code(c) => check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive"),
             EnvConfig::TicTacToe(_) => Ok(()),
             EnvConfig::TextArena(c) => c.validate(),

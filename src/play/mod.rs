@@ -22,7 +22,7 @@ use crate::config::{OverlongPrompt, RolloutMode, RunConfig, Selection};
 use crate::engine::{Prompt, Reply, Responder};
 use crate::envs::hosted::{self, Hosted};
 use crate::envs::math::{self, Judge, Math, extract_answer, extract_output_answer};
-use crate::envs::{AnyEnv, EnvConfig, ReasoningGymConfig};
+use crate::envs::{AnyEnv, EnvConfig};
 use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
@@ -40,26 +40,33 @@ pub struct Game {
 /// as long as the games.
 pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> {
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
-    match (&config.env, config.env.hosted()) {
-        (EnvConfig::ReasoningGym(gym), Some(hosted)) => {
-            let session = hosted::Session::start(hosted, &config.team())?;
-            tasks.iter().map(|t| Ok(game(t, AnyEnv::Math(judged(gym, &session, &t.instance)?)))).collect()
-        }
-        (_, Some(hosted)) => {
+    if let Some(scorer) = config.env.scorer() {
+        let session = hosted::Session::start(scorer, &config.team())?;
+        return tasks.iter().map(|t| Ok(game(t, AnyEnv::Math(judged(&config.env, &session, &t.instance)?)))).collect();
+    }
+    match config.env.hosted() {
+        Some(hosted) => {
             let session = hosted::Session::start(hosted, &config.team())?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
-        (_, None) => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
+        None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
     }
 }
 
-/// A reasoning-gym task as a math episode whose answers its host scores.
-fn judged(gym: &ReasoningGymConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<Math, Error> {
-    let bad = |reason: String| crate::envs::Error::Instance { env: "reasoning_gym", reason };
-    let instance: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-    let entry = instance.entry.as_deref().ok_or_else(|| bad("the task has no entry to score against".into()))?;
-    let entry = serde_json::from_str(entry).map_err(|e| bad(e.to_string()))?;
-    Ok(Math::judged(gym.tolerance, instance, Judge::new(Arc::clone(session), entry)))
+/// A math task whose answers its host scores: a reasoning-gym entry (the scorer reads
+/// the whole entry), or a dataset row (the reward function reads the row).
+fn judged(env: &EnvConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<Math, Error> {
+    let bad = |reason: String| crate::envs::Error::Instance { env: env.name(), reason };
+    let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
+    let (tolerance, row) = match env {
+        EnvConfig::ReasoningGym(gym) => {
+            (gym.tolerance, parsed.entry.clone().ok_or_else(|| bad("the task has no entry to score against".into()))?)
+        }
+        EnvConfig::Math(math) => (math.tolerance, instance.to_string()),
+        other => unreachable!("{} is not scored by a host", other.name()),
+    };
+    let row = serde_json::from_str(&row).map_err(|e| bad(e.to_string()))?;
+    Ok(Math::judged(tolerance, parsed, Judge::new(Arc::clone(session), row)))
 }
 
 /// How many candidates each step samples, and which continues.

@@ -233,3 +233,50 @@ fn reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer() {
         assert_eq!(candidate.outcome.success, right);
     }
 }
+
+#[test]
+fn a_python_reward_function_scores_a_math_datasets_answers() {
+    use petting::play::{Branching, Setup, games, play};
+    use petting::workflows::{Agent, WorkflowKind};
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<String> =
+        (0..4).map(|i| format!("{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}", 2 * i)).collect();
+    std::fs::write(dir.path().join("tasks.jsonl"), rows.join("\n")).unwrap();
+    // Rewards the wrong answer: only the function, not the reference, can say so.
+    std::fs::write(dir.path().join("rewards.py"), "def contrary(task, reply):\n    return '0.123' in reply\n").unwrap();
+    let file = format!("{{path: {}/tasks.jsonl}}", dir.path().display());
+    let text = hosted_run(dir.path(), "{name: math, reward: {python: 'rewards.py:contrary'}}", &["agent"])
+        .set("workflow", "{kind: single_agent, max_turns: 1}")
+        .set("data", &format!("{{train_tasks: 2, test_tasks: 2, train_file: {file}, test_file: {file}}}"))
+        .text();
+    let path = dir.path().join("run.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let config = petting::config::load(&path).unwrap().resolved();
+    let (train, _) = petting::stages::prepare_data::tasks(&config).unwrap();
+    let questions: Vec<(String, String)> = train
+        .iter()
+        .map(|t| {
+            let instance: serde_json::Value = serde_json::from_str(&t.instance).unwrap();
+            (instance["problem"].as_str().unwrap().to_string(), instance["answer"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let setup = Setup {
+        workflow: WorkflowKind::SingleAgent,
+        max_turns: 1,
+        alone: false,
+        opponent: None,
+        policies: [(Agent::SINGLE, "shared".to_string())].into(),
+        branching: Branching::Independent { episodes: 2 },
+        seed_keys: vec![3],
+        overlong_prompt: petting::config::OverlongPrompt::Error,
+    };
+    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
+    let played =
+        play(&games(&config, &train).unwrap(), &setup, &mut Answering(questions), &sandbox, &petting::progress::Quiet)
+            .unwrap();
+    assert_eq!(played.candidates.len(), 4);
+    for candidate in &played.candidates {
+        let contrary = candidate.reply.text.contains("0.123");
+        assert_eq!(candidate.outcome.local_reward, if contrary { 1.0 } else { 0.0 }, "{}", candidate.reply.text);
+    }
+}

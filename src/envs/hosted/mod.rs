@@ -84,10 +84,9 @@ pub struct ReasoningGymConfig {
     /// The dataset's options (all but `seed` and `size`, which petting sets).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub config: BTreeMap<String, Value>,
-    /// `file.py:function`, found from the run file's folder: scores a reply instead of
-    /// the dataset (`fn(task, reply) -> float`; 1 is right).
+    /// Scores a reply instead of the dataset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reward: Option<String>,
+    pub reward: Option<PythonReward>,
     /// Relative tolerance when the tool agent's and the reasoner's answers are compared
     /// for agreement.
     #[serde(default = "default_tolerance")]
@@ -108,14 +107,29 @@ impl ReasoningGymConfig {
             "must name a reasoning-gym dataset, e.g. basic_arithmetic",
         )?;
         check(self.tolerance >= 0.0, "env.tolerance", "must not be negative")?;
-        check(
-            self.reward
-                .as_deref()
-                .is_none_or(|r| r.split_once(':').is_some_and(|(f, n)| !f.is_empty() && !n.is_empty())),
-            "env.reward",
-            "must be file.py:function",
-        )?;
+        if let Some(reward) = &self.reward {
+            reward.validate()?;
+        }
         self.host.validate()
+    }
+}
+
+/// `reward: {python: rewards.py:fn}`: a Python function, found from the run file's
+/// folder, that scores an answer as TRL's `reward_funcs` do: `fn(task, reply) -> float`
+/// with the task row and the text the answer came from; 1 is a right answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonReward {
+    pub python: String,
+}
+
+impl PythonReward {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check(
+            self.python.split_once(':').is_some_and(|(file, name)| !file.is_empty() && !name.is_empty()),
+            "env.reward.python",
+            "must be file.py:function",
+        )
     }
 }
 
@@ -186,7 +200,7 @@ impl ExternalConfig {
 }
 
 impl HostSettings {
-    fn validate(&self) -> Result<(), Invalid> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         check(
             self.timeout_seconds > 0.0 && self.timeout_seconds.is_finite(),
             "env.host.timeout_seconds",
@@ -221,6 +235,11 @@ pub enum HostedConfig<'a> {
     External(&'a ExternalConfig),
     /// A task source and scorer; its episodes are petting's own math episodes.
     ReasoningGym(&'a ReasoningGymConfig),
+    /// A reward function only: a dataset's math tasks scored by `env.reward`.
+    Rewards {
+        reward: &'a PythonReward,
+        host: &'a HostSettings,
+    },
 }
 
 impl HostedConfig<'_> {
@@ -229,17 +248,19 @@ impl HostedConfig<'_> {
             HostedConfig::TextArena(_) => "textarena",
             HostedConfig::External(_) => "external",
             HostedConfig::ReasoningGym(_) => "reasoning_gym",
+            HostedConfig::Rewards { .. } => "rewards",
         }
     }
 
     /// Whether the host holds the episodes (rather than only making and scoring tasks).
     pub fn holds_episodes(&self) -> bool {
-        !matches!(self, HostedConfig::ReasoningGym(_))
+        !matches!(self, HostedConfig::ReasoningGym(_) | HostedConfig::Rewards { .. })
     }
 
     fn reward(&self) -> Option<&str> {
         match self {
-            HostedConfig::ReasoningGym(c) => c.reward.as_deref(),
+            HostedConfig::ReasoningGym(c) => c.reward.as_ref().map(|r| r.python.as_str()),
+            HostedConfig::Rewards { reward, .. } => Some(&reward.python),
             _ => None,
         }
     }
@@ -249,6 +270,7 @@ impl HostedConfig<'_> {
             HostedConfig::TextArena(c) => &c.host,
             HostedConfig::External(c) => &c.host,
             HostedConfig::ReasoningGym(c) => &c.host,
+            HostedConfig::Rewards { host, .. } => host,
         }
     }
 
@@ -256,7 +278,7 @@ impl HostedConfig<'_> {
         match self {
             HostedConfig::TextArena(c) => &c.prompt,
             HostedConfig::External(c) => &c.prompt,
-            HostedConfig::ReasoningGym(_) => "",
+            HostedConfig::ReasoningGym(_) | HostedConfig::Rewards { .. } => "",
         }
     }
 
@@ -273,6 +295,7 @@ impl HostedConfig<'_> {
             HostedConfig::ReasoningGym(c) => {
                 json!({"name": "reasoning_gym", "dataset": c.dataset, "config": c.config})
             }
+            HostedConfig::Rewards { .. } => json!({"name": "rewards"}),
             HostedConfig::External(c) => {
                 let mut env = json!({"name": "external", "config": c.config});
                 if let Some(module) = &c.module {
