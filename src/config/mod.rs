@@ -461,11 +461,13 @@ impl RunConfig {
 
     fn validate_workflow(&self) -> Result<(), Invalid> {
         let (kind, env) = (self.workflow.kind, self.env.name());
+        let playing = WorkflowKind::playing(env);
         check(
-            kind.plays(env),
+            kind.plays(env) || kind != WorkflowKind::Environment,
             "workflow.kind",
-            format!("{kind:?} cannot play {env}; it takes {:?}", WorkflowKind::playing(env)),
+            format!("is not set, and {env} does not say whose turn it is: choose one of {playing:?}"),
         )?;
+        check(kind.plays(env), "workflow.kind", format!("{kind:?} cannot play {env}; it takes {playing:?}"))?;
         check(self.workflow.max_turns >= 1, "workflow.max_turns", "must be at least 1")?;
         check(
             !self.workflow.alone || kind.can_act_alone(),

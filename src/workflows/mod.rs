@@ -68,7 +68,8 @@ const HISTORY_SHOWN: usize = 6;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowConfig {
-    /// Which workflow plays the environment.
+    /// Which workflow plays the environment; unset: a hosted environment's own order.
+    #[serde(default = "environment")]
     pub kind: WorkflowKind,
     /// Turns per episode; within a turn every agent acts once, in the workflow's order.
     #[serde(default = "default_max_turns")]
@@ -83,6 +84,10 @@ pub struct WorkflowConfig {
 
 fn default_max_turns() -> u32 {
     4
+}
+
+fn environment() -> WorkflowKind {
+    WorkflowKind::Environment
 }
 
 /// A run file without `workflow:` plays a hosted environment in its own order, until

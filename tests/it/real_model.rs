@@ -132,6 +132,32 @@ fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
 }
 
 #[test]
+fn shipped_textarena_pipeline_plays_tic_tac_toe_through_its_host_on_smollm2() {
+    if !crate::support::full_suite("shipped_textarena_pipeline_plays_tic_tac_toe_through_its_host_on_smollm2") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = run_shipped(dir.path(), "textarena-tic-tac-toe.yaml", &["iterations=1"]);
+    let agents = sql_rows(&store, "SELECT DISTINCT agent, policy FROM turns ORDER BY 1");
+    assert!(agents.contains(&"player_0,shared".into()), "{agents:?}");
+    assert!(agents.iter().all(|a| a.starts_with("player_") && a.ends_with(",shared")), "{agents:?}");
+    let updates = sql_rows(&store, "SELECT weights_change > 0, logprob_drift_max < 0.05 FROM updates");
+    assert!(!updates.is_empty() && updates.iter().all(|u| u == "true,true"), "{updates:?}");
+}
+
+#[test]
+fn shipped_reasoning_gym_pipeline_scores_answers_with_the_dataset_on_smollm2() {
+    if !crate::support::full_suite("shipped_reasoning_gym_pipeline_scores_answers_with_the_dataset_on_smollm2") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = run_shipped(dir.path(), "reasoning-gym-arithmetic.yaml", &["iterations=1"]);
+    assert_on_policy_and_trained(&store, 1, &[("reasoner", "shared"), ("tool", "shared")]);
+    let tasks = sql_rows(&store, "SELECT count(*) FROM tasks WHERE instance LIKE '%\"entry\":%'");
+    assert_ne!(tasks, ["0"], "each task keeps its reasoning-gym entry");
+}
+
+#[test]
 fn shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax() {
     if !crate::support::full_suite("shipped_tic_tac_toe_pipeline_self_plays_smollm2_and_meets_minimax") {
         return;
