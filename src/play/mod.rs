@@ -15,19 +15,21 @@
 //! threads. Rollout and evaluate both play through it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::config::{OverlongPrompt, RolloutMode, RunConfig, Selection};
 use crate::engine::{Prompt, Reply, Responder};
-use crate::envs::hosted::{self, Hosted};
-use crate::envs::math::{self, Judge, Math, extract_answer, extract_output_answer};
-use crate::envs::{AnyEnv, EnvConfig};
+use crate::envs::AnyEnv;
+use crate::envs::hosted::{Hosted, Session};
 use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
 use crate::tables::TaskRow;
 use crate::workflows::{Agent, Episode, TurnOutcome, WorkflowKind, run_program};
+
+mod hosted;
+use hosted::{credit, hosted_id, hosted_session, judge_answers, judged, make_hosted, step_hosted};
 
 /// One episode to play: a task's environment, and the key its random streams use.
 #[derive(Debug, Clone)]
@@ -41,32 +43,16 @@ pub struct Game {
 pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> {
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
     if let Some(scorer) = config.env.scorer() {
-        let session = hosted::Session::start(scorer, &config.team())?;
+        let session = Session::start(scorer, &config.team())?;
         return tasks.iter().map(|t| Ok(game(t, AnyEnv::Math(judged(&config.env, &session, &t.instance)?)))).collect();
     }
     match config.env.hosted() {
         Some(hosted) => {
-            let session = hosted::Session::start(hosted, &config.team())?;
+            let session = Session::start(hosted, &config.team())?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
         None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
     }
-}
-
-/// A math task whose answers its host scores: a reasoning-gym entry (the scorer reads
-/// the whole entry), or a dataset row (the reward function reads the row).
-fn judged(env: &EnvConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<Math, Error> {
-    let bad = |reason: String| crate::envs::Error::Instance { env: env.name(), reason };
-    let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-    let (tolerance, row) = match env {
-        EnvConfig::ReasoningGym(gym) => {
-            (gym.tolerance, parsed.entry.clone().ok_or_else(|| bad("the task has no entry to score against".into()))?)
-        }
-        EnvConfig::Math(math) => (math.tolerance, instance.to_string()),
-        other => unreachable!("{} is not scored by a host", other.name()),
-    };
-    let row = serde_json::from_str(&row).map_err(|e| bad(e.to_string()))?;
-    Ok(Math::judged(tolerance, parsed, Judge::new(Arc::clone(session), row)))
 }
 
 /// How many candidates each step samples, and which continues.
@@ -169,7 +155,7 @@ pub enum Error {
     #[error(transparent)]
     Env(#[from] crate::envs::Error),
     #[error(transparent)]
-    Host(#[from] hosted::host::Error),
+    Host(#[from] crate::envs::hosted::host::Error),
     #[error("the environment host answered episode {episode} with {reason}")]
     Hosted { episode: String, reason: String },
 }
@@ -421,86 +407,6 @@ fn sample_step(
     })
 }
 
-/// The host session of hosted games (they all share one), if they are hosted.
-fn hosted_session(games: &[Game]) -> Option<std::sync::Arc<hosted::Session>> {
-    games.iter().find_map(|g| match &g.env {
-        AnyEnv::Hosted(h) => Some(std::sync::Arc::clone(h.session())),
-        _ => None,
-    })
-}
-
-fn hosted_id(episode: &Episode) -> String {
-    match episode.env() {
-        AnyEnv::Hosted(h) => h.id().to_string(),
-        _ => unreachable!("a hosted game's episodes are hosted"),
-    }
-}
-
-/// Makes every track's episode in the host, in one request.
-fn make_hosted(session: &hosted::Session, tracks: &mut [Track]) -> Result<(), Error> {
-    let items: Vec<_> = tracks
-        .iter()
-        .map(|t| match t.episode.env() {
-            AnyEnv::Hosted(h) => h.make_item(session.new_id()),
-            _ => unreachable!("a hosted game's episodes are hosted"),
-        })
-        .collect();
-    let turns = session.host.make(&items)?;
-    for (track, ((id, _, _), turn)) in tracks.iter_mut().zip(items.into_iter().zip(turns)) {
-        track.episode.made(id.clone(), &turn).map_err(|reason| Error::Hosted { episode: id, reason })?;
-    }
-    Ok(())
-}
-
-/// Steps each reply's own copy of its track's episode in the host: in tree mode the K
-/// branches of an episode are K forks of it, in independent mode each episode steps
-/// itself. One fork and one step request for the whole step.
-fn step_hosted(
-    session: &hosted::Session,
-    tracks: &[Track],
-    live: &[usize],
-    step: &SampledStep,
-) -> Result<Vec<(Episode, TurnOutcome)>, Error> {
-    let branches = step.replies.len() / live.len();
-    let mut forks = Vec::new();
-    let mut items = Vec::with_capacity(step.replies.len());
-    for (i, (_, reply)) in step.replies.iter().enumerate() {
-        let source = hosted_id(&tracks[live[i / branches]].episode);
-        let id = if branches == 1 { source } else { session.new_id() };
-        if branches > 1 {
-            forks.push((hosted_id(&tracks[live[i / branches]].episode), id.clone()));
-        }
-        items.push((id, reply.text.clone()));
-    }
-    session.host.fork(&forks)?;
-    let results = session.host.step(&items)?;
-    results
-        .iter()
-        .zip(items)
-        .enumerate()
-        .map(|(i, (stepped, (id, reply)))| {
-            let mut episode = tracks[live[i / branches]].episode.clone();
-            let outcome = episode
-                .step_hosted(id.clone(), &reply, stepped)
-                .map_err(|reason| Error::Hosted { episode: id, reason })?;
-            Ok((episode, outcome))
-        })
-        .collect()
-}
-
-/// Adds rewards a step credited to other agents (a game's final result) to each one's
-/// latest turn on this track's trajectory.
-fn credit(candidates: &mut [Candidate], track: &Track, credited: &[(Agent, f64)]) {
-    for &(agent, reward) in credited {
-        let latest = candidates.iter_mut().rev().find(|c| {
-            c.task_index == track.task_index && c.episode == track.episode_index && c.agent == agent && c.selected
-        });
-        if let Some(candidate) = latest {
-            candidate.outcome.local_reward += reward;
-        }
-    }
-}
-
 /// Steps one clone of its track's episode per reply. Tool programs are run first, each
 /// distinct program once (the K branches of a step often write the same one), in
 /// parallel; the wall time they took comes back with the outcomes.
@@ -540,41 +446,6 @@ fn step_branches(
         (episode, outcome)
     });
     Ok((stepped, sandbox_time))
-}
-
-/// Has the host score, in one request, every answer of this step that a judged math
-/// task (reasoning-gym) will read: each reply's and each tool program's output's.
-fn judge_answers(
-    live: &[&Track],
-    branches: usize,
-    step: &SampledStep,
-    runs: &[(usize, Option<RunOutput>)],
-) -> Result<(), Error> {
-    // (judge, the text scored, its answer), each answer of a task once.
-    let mut wanted: Vec<(Arc<Judge>, String, String)> = Vec::new();
-    for (i, run) in runs {
-        let AnyEnv::Math(math) = live[i / branches].episode.env() else { continue };
-        let Some(judge) = math.judge() else { continue };
-        let reply = &step.replies[*i].1.text;
-        let from_reply = extract_answer(reply).map(|answer| (reply.clone(), answer));
-        let ran = run.as_ref().filter(|r| r.ok());
-        let from_program = ran.and_then(|r| extract_output_answer(&r.stdout).map(|answer| (r.stdout.clone(), answer)));
-        for (text, answer) in from_reply.into_iter().chain(from_program) {
-            let asked = wanted.iter().any(|(j, _, a)| Arc::ptr_eq(j, judge) && *a == answer);
-            if !judge.has(&answer) && !asked {
-                wanted.push((Arc::clone(judge), text, answer));
-            }
-        }
-    }
-    let Some((first, ..)) = wanted.first() else { return Ok(()) };
-    let session = Arc::clone(&first.session);
-    let items: Vec<_> =
-        wanted.iter().map(|(judge, text, answer)| (judge.entry.clone(), text.clone(), Some(answer.clone()))).collect();
-    let scores = session.host.score(&items)?;
-    for ((judge, _, answer), score) in wanted.into_iter().zip(scores) {
-        judge.set(answer, score);
-    }
-    Ok(())
 }
 
 fn same_program(a: &Program, b: &Program) -> bool {
