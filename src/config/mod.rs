@@ -226,6 +226,7 @@ impl LoadedConfig {
             EnvConfig::External(c) => Some(&mut c.host),
             EnvConfig::ReasoningGym(c) => Some(&mut c.host),
             EnvConfig::Math(c) if c.reward.is_some() => Some(&mut c.host),
+            EnvConfig::Code(c) if c.reward.is_some() => Some(&mut c.host),
             _ => None,
         };
         if let Some(host) = host {

@@ -13,10 +13,12 @@
 //!   normalisation (split on any whitespace, joined by one space). The episode's end is
 //!   the workflow's call.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::hosted::{HostSettings, Judge, PythonReward};
 use super::{Env, Error, Step};
 use crate::sandbox::{Program, Sandbox};
 
@@ -27,11 +29,17 @@ pub struct CodeConfig {
     pub test_timeout_seconds: f64,
     /// Hidden tests used for the reward per problem (the first N).
     pub max_hidden_tests: u32,
+    /// Scores the coder's programs with a Python function instead of the hidden tests
+    /// (docs/environments.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reward: Option<PythonReward>,
+    /// How the reward function's host runs.
+    pub host: HostSettings,
 }
 
 impl Default for CodeConfig {
     fn default() -> Self {
-        CodeConfig { test_timeout_seconds: 30.0, max_hidden_tests: 4 }
+        CodeConfig { test_timeout_seconds: 30.0, max_hidden_tests: 4, reward: None, host: HostSettings::default() }
     }
 }
 
@@ -122,16 +130,28 @@ pub struct Code {
     max_hidden_tests: usize,
     timeout: Duration,
     pass_rate: f64,
+    /// Scores the programs instead of the hidden tests.
+    judge: Option<Arc<Judge>>,
 }
 
 impl Code {
     pub fn new(config: &CodeConfig, instance: Instance) -> Code {
         Code {
-            instance: std::sync::Arc::new(instance),
+            instance: Arc::new(instance),
             max_hidden_tests: config.max_hidden_tests as usize,
             timeout: Duration::from_secs_f64(config.test_timeout_seconds),
             pass_rate: 0.0,
+            judge: None,
         }
+    }
+
+    /// A task whose programs `judge` scores (a Python reward function).
+    pub fn judged(config: &CodeConfig, instance: Instance, judge: Judge) -> Code {
+        Code { judge: Some(Arc::new(judge)), ..Code::new(config, instance) }
+    }
+
+    pub fn judge(&self) -> Option<&Arc<Judge>> {
+        self.judge.as_ref()
     }
 
     pub fn from_instance(config: &CodeConfig, json: &str) -> Result<Code, Error> {
@@ -225,6 +245,12 @@ impl Env for Code {
     }
 
     fn step(&mut self, program: &String, sandbox: &Sandbox) -> Step {
+        if let Some(judge) = &self.judge {
+            let score = judge.score(program);
+            self.pass_rate = score.clamp(0.0, 1.0);
+            let feedback = format!("The reward function scored the program {score}.");
+            return Step { reward: score, done: false, success: score >= 1.0, feedback };
+        }
         let results = run_tests(sandbox, &self.runnable(program), self.scoring_tests(), self.timeout);
         let passed = results.iter().filter(|r| r.passed).count();
         self.pass_rate = passed as f64 / results.len() as f64;
@@ -272,7 +298,7 @@ mod tests {
             solution: None,
             entry_point: None,
         };
-        Code::new(&CodeConfig { test_timeout_seconds: 5.0, max_hidden_tests: 4 }, instance)
+        Code::new(&CodeConfig { test_timeout_seconds: 5.0, ..CodeConfig::default() }, instance)
     }
 
     #[test]
@@ -286,7 +312,7 @@ mod tests {
             solution: None,
             entry_point: Some("add".into()),
         };
-        let mut env = Code::new(&CodeConfig { test_timeout_seconds: 5.0, max_hidden_tests: 4 }, instance);
+        let mut env = Code::new(&CodeConfig { test_timeout_seconds: 5.0, ..CodeConfig::default() }, instance);
         assert!(env.rules().contains("Write the Python 3 function add."));
         // The function alone; and with the reply's own driver lines and example prints,
         // which the harness hides (the reply's input() finds stdin empty: EOFError).

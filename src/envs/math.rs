@@ -19,12 +19,11 @@
 //! else (tuples, sets, intervals, matrices, symbolic expressions with variables,
 //! text) matches only if the normalised strings are equal, case-insensitively.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::hosted::{HostSettings, PythonReward, Session};
+use super::hosted::{HostSettings, Judge, PythonReward};
 use super::{Env, Error, Step, after_marker};
 use crate::sandbox::Sandbox;
 
@@ -58,36 +57,6 @@ pub struct Instance {
     /// The task row an outside scorer reads (a reasoning-gym entry), as JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry: Option<String>,
-}
-
-/// An outside scorer's verdicts on one task's answers (a reasoning-gym dataset's own
-/// `score_answer`, through the environment host): play asks for every answer of a step
-/// in one request before the step reads them.
-#[derive(Debug)]
-pub struct Judge {
-    pub session: Arc<Session>,
-    /// The task row the scorer is given.
-    pub entry: serde_json::Value,
-    verdicts: Mutex<HashMap<String, bool>>,
-}
-
-impl Judge {
-    pub fn new(session: Arc<Session>, entry: serde_json::Value) -> Judge {
-        Judge { session, entry, verdicts: Mutex::default() }
-    }
-
-    pub fn has(&self, answer: &str) -> bool {
-        self.verdicts.lock().expect("verdicts").contains_key(answer)
-    }
-
-    /// Records the scorer's verdict; a score of 1 is right.
-    pub fn set(&self, answer: String, score: f64) {
-        self.verdicts.lock().expect("verdicts").insert(answer, score >= 1.0);
-    }
-
-    fn verdict(&self, answer: &str) -> bool {
-        *self.verdicts.lock().expect("verdicts").get(answer).expect("every answer is scored before its step reads it")
-    }
 }
 
 /// One math episode: the problem and whether the latest answer was right.
@@ -414,7 +383,7 @@ impl Math {
     /// Whether an answer is right.
     pub fn is_correct(&self, answer: &str) -> bool {
         match &self.judge {
-            Some(judge) => judge.verdict(answer),
+            Some(judge) => judge.score(answer) >= 1.0,
             None => answers_match(answer, &self.instance.answer, self.tolerance),
         }
     }

@@ -78,11 +78,12 @@ impl EnvConfig {
     }
 
     /// The host that scores this environment's answers, if one does (a reasoning-gym
-    /// dataset's, or the run's Python reward function's).
+    /// dataset's, or the run's Python reward function's for math answers and programs).
     pub fn scorer(&self) -> Option<HostedConfig<'_>> {
         match self {
             EnvConfig::ReasoningGym(c) => Some(HostedConfig::ReasoningGym(c)),
-            EnvConfig::Math(MathConfig { reward: Some(reward), host, .. }) => {
+            EnvConfig::Math(MathConfig { reward: Some(reward), host, .. })
+            | EnvConfig::Code(CodeConfig { reward: Some(reward), host, .. }) => {
                 Some(HostedConfig::Rewards { reward, host })
             }
             _ => None,
@@ -115,7 +116,13 @@ impl EnvConfig {
                 }
                 m.host.validate()
             }
-            EnvConfig::Code(c) => check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive"),
+            EnvConfig::Code(c) => {
+                check(c.test_timeout_seconds > 0.0, "env.test_timeout_seconds", "must be positive")?;
+                if let Some(reward) = &c.reward {
+                    reward.validate()?;
+                }
+                c.host.validate()
+            }
             EnvConfig::TicTacToe(_) => Ok(()),
             EnvConfig::TextArena(c) => c.validate(),
             EnvConfig::External(c) => c.validate(),

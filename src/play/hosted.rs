@@ -4,28 +4,38 @@
 
 use std::sync::Arc;
 
+use crate::envs::code::{self, Code};
 use crate::envs::hosted;
-use crate::envs::math::{self, Judge, Math, extract_answer, extract_output_answer};
-use crate::envs::{AnyEnv, EnvConfig};
+use crate::envs::hosted::Judge;
+use crate::envs::math::{self, Math, extract_answer, extract_output_answer};
+use crate::envs::{AnyEnv, Env, EnvConfig};
 use crate::sandbox::RunOutput;
 use crate::workflows::{Agent, Episode, TurnOutcome};
 
 use super::{Candidate, Error, Game, SampledStep, Track};
 
-/// A math task whose answers its host scores: a reasoning-gym entry (the scorer reads
-/// the whole entry), or a dataset row (the reward function reads the row).
-pub(super) fn judged(env: &EnvConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<Math, Error> {
+/// A task whose answers its host scores: a reasoning-gym entry (the scorer reads the
+/// whole entry), or a math or code dataset row (the reward function reads the row).
+pub(super) fn judged(env: &EnvConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<AnyEnv, Error> {
     let bad = |reason: String| crate::envs::Error::Instance { env: env.name(), reason };
-    let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-    let (tolerance, row) = match env {
+    let row = |text: &str| serde_json::from_str(text).map_err(|e| bad(e.to_string()));
+    let judge = |text: &str| Ok::<_, Error>(Judge::new(Arc::clone(session), row(text)?));
+    Ok(match env {
         EnvConfig::ReasoningGym(gym) => {
-            (gym.tolerance, parsed.entry.clone().ok_or_else(|| bad("the task has no entry to score against".into()))?)
+            let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
+            let entry = parsed.entry.clone().ok_or_else(|| bad("the task has no entry to score against".into()))?;
+            AnyEnv::Math(Math::judged(gym.tolerance, parsed, judge(&entry)?))
         }
-        EnvConfig::Math(math) => (math.tolerance, instance.to_string()),
+        EnvConfig::Math(config) => {
+            let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
+            AnyEnv::Math(Math::judged(config.tolerance, parsed, judge(instance)?))
+        }
+        EnvConfig::Code(config) => {
+            let parsed: code::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
+            AnyEnv::Code(Code::judged(config, parsed, judge(instance)?))
+        }
         other => unreachable!("{} is not scored by a host", other.name()),
-    };
-    let row = serde_json::from_str(&row).map_err(|e| bad(e.to_string()))?;
-    Ok(Math::judged(tolerance, parsed, Judge::new(Arc::clone(session), row)))
+    })
 }
 
 /// The host session of hosted games (they all share one), if they are hosted.
@@ -108,8 +118,9 @@ pub(super) fn credit(candidates: &mut [Candidate], track: &Track, credited: &[(A
     }
 }
 
-/// Has the host score, in one request, every answer of this step that a judged math
-/// task (reasoning-gym) will read: each reply's and each tool program's output's.
+/// Has the host score, in one request, every answer of this step that a judged task
+/// will read: each reply's and each tool program's output's answer (math), each
+/// reply's program (code).
 pub(super) fn judge_answers(
     live: &[&Track],
     branches: usize,
@@ -119,13 +130,23 @@ pub(super) fn judge_answers(
     // (judge, the text scored, its answer), each answer of a task once.
     let mut wanted: Vec<(Arc<Judge>, String, String)> = Vec::new();
     for (i, run) in runs {
-        let AnyEnv::Math(math) = live[i / branches].episode.env() else { continue };
-        let Some(judge) = math.judge() else { continue };
         let reply = &step.replies[*i].1.text;
-        let from_reply = extract_answer(reply).map(|answer| (reply.clone(), answer));
-        let ran = run.as_ref().filter(|r| r.ok());
-        let from_program = ran.and_then(|r| extract_output_answer(&r.stdout).map(|answer| (r.stdout.clone(), answer)));
-        for (text, answer) in from_reply.into_iter().chain(from_program) {
+        let (judge, answers) = match live[i / branches].episode.env() {
+            AnyEnv::Math(math) if math.judge().is_some() => {
+                let from_reply = extract_answer(reply).map(|answer| (reply.clone(), answer));
+                let ran = run.as_ref().filter(|r| r.ok());
+                let from_program =
+                    ran.and_then(|r| extract_output_answer(&r.stdout).map(|answer| (r.stdout.clone(), answer)));
+                (math.judge(), from_reply.into_iter().chain(from_program).collect::<Vec<_>>())
+            }
+            // The coder's program, as the environment reads it from the reply.
+            AnyEnv::Code(code) if code.judge().is_some() => {
+                (code.judge(), code.parse(reply).ok().map(|program| (reply.clone(), program)).into_iter().collect())
+            }
+            _ => continue,
+        };
+        let judge = judge.expect("matched on it");
+        for (text, answer) in answers {
             let asked = wanted.iter().any(|(j, _, a)| Arc::ptr_eq(j, judge) && *a == answer);
             if !judge.has(&answer) && !asked {
                 wanted.push((Arc::clone(judge), text, answer));
@@ -135,7 +156,7 @@ pub(super) fn judge_answers(
     let Some((first, ..)) = wanted.first() else { return Ok(()) };
     let session = Arc::clone(&first.session);
     let items: Vec<_> =
-        wanted.iter().map(|(judge, text, answer)| (judge.entry.clone(), text.clone(), Some(answer.clone()))).collect();
+        wanted.iter().map(|(judge, text, answer)| (judge.row.clone(), text.clone(), Some(answer.clone()))).collect();
     let scores = session.host.score(&items)?;
     for ((judge, _, answer), score) in wanted.into_iter().zip(scores) {
         judge.set(answer, score);

@@ -44,7 +44,7 @@ pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> 
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
     if let Some(scorer) = config.env.scorer() {
         let session = Session::start(scorer, &config.team())?;
-        return tasks.iter().map(|t| Ok(game(t, AnyEnv::Math(judged(&config.env, &session, &t.instance)?)))).collect();
+        return tasks.iter().map(|t| Ok(game(t, judged(&config.env, &session, &t.instance)?))).collect();
     }
     match config.env.hosted() {
         Some(hosted) => {

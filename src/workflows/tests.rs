@@ -222,7 +222,7 @@ fn code() -> AnyEnv {
         solution: Some("a, b = map(int, input().split())\nprint(a + b)".into()),
         entry_point: None,
     };
-    AnyEnv::Code(Code::new(&CodeConfig { test_timeout_seconds: 10.0, max_hidden_tests: 4 }, instance))
+    AnyEnv::Code(Code::new(&CodeConfig { test_timeout_seconds: 10.0, ..CodeConfig::default() }, instance))
 }
 
 const SUM: &str = "a, b = map(int, input().split())\nprint(a + b)";
@@ -264,7 +264,7 @@ fn a_function_task_tester_writes_asserts_judged_by_their_values() {
         solution: Some("def join(a, b):\n    return a + b".into()),
         entry_point: Some("join".into()),
     };
-    let env = AnyEnv::Code(Code::new(&CodeConfig { test_timeout_seconds: 10.0, max_hidden_tests: 4 }, instance));
+    let env = AnyEnv::Code(Code::new(&CodeConfig { test_timeout_seconds: 10.0, ..CodeConfig::default() }, instance));
     let mut episode = Episode::new(W::CoderTester, env, 2).unwrap();
     episode.step(&python("def join(a, b):\n    return b + a"), &sb);
     assert!(episode.prompt().contains("assert join(<arguments>) == <expected result>"));

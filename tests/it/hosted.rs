@@ -280,3 +280,77 @@ fn a_python_reward_function_scores_a_math_datasets_answers() {
         assert_eq!(candidate.outcome.local_reward, if contrary { 1.0 } else { 0.0 }, "{}", candidate.reply.text);
     }
 }
+
+/// Replies with a program marked good to the first prompt of each pair, bad to the second.
+struct Coding;
+
+impl petting::engine::Responder for Coding {
+    fn respond(
+        &mut self,
+        _policy: &str,
+        prompts: &[petting::engine::Prompt],
+    ) -> Result<Vec<petting::engine::Reply>, petting::engine::Error> {
+        Ok(prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mark = if i % 2 == 0 { "good" } else { "bad" };
+                petting::engine::Reply {
+                    prompt_text: p.text.clone(),
+                    prompt_tokens: vec![1],
+                    tokens: vec![2; 3],
+                    logprobs: vec![-0.5; 3],
+                    text: format!("```python\nprint('{mark}')\n```"),
+                    finish_reason: "eos".into(),
+                    seconds: 0.0,
+                    engine: petting::config::EngineKind::Tch,
+                    engine_model: "scripted".into(),
+                }
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn a_python_reward_function_scores_a_code_datasets_programs_instead_of_its_tests() {
+    use petting::play::{Branching, Setup, games, play};
+    use petting::workflows::{Agent, WorkflowKind};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rewards.py"), "def marked(task, reply):\n    return 'good' in reply\n").unwrap();
+    let data = crate::support::repo_root().join("datasets/code");
+    let text = hosted_run(dir.path(), "{name: code, reward: {python: 'rewards.py:marked'}}", &["agent"])
+        .set("workflow", "{kind: single_agent, max_turns: 1}")
+        .set(
+            "data",
+            &format!(
+                "{{train_tasks: 2, test_tasks: 2, train_file: {{path: {d}/humaneval_train.jsonl}}, \
+                 test_file: {{path: {d}/humaneval_test.jsonl}}}}",
+                d = data.display()
+            ),
+        )
+        .text();
+    let path = dir.path().join("run.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let config = petting::config::load(&path).unwrap().resolved();
+    let (train, _) = petting::stages::prepare_data::tasks(&config).unwrap();
+    let setup = Setup {
+        workflow: WorkflowKind::SingleAgent,
+        max_turns: 1,
+        alone: false,
+        opponent: None,
+        policies: [(Agent::SINGLE, "shared".to_string())].into(),
+        branching: Branching::Independent { episodes: 2 },
+        seed_keys: vec![3],
+        overlong_prompt: petting::config::OverlongPrompt::Error,
+    };
+    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
+    let played =
+        play(&games(&config, &train).unwrap(), &setup, &mut Coding, &sandbox, &petting::progress::Quiet).unwrap();
+    assert_eq!(played.candidates.len(), 4);
+    for candidate in &played.candidates {
+        // Neither program passes a HumanEval test: only the function can score one 1.
+        let good = candidate.reply.text.contains("good");
+        assert_eq!(candidate.outcome.local_reward, if good { 1.0 } else { 0.0 }, "{}", candidate.reply.text);
+        assert_eq!(candidate.outcome.success, good);
+    }
+}

@@ -12,6 +12,7 @@
 //! play forks them, so only play steps hosted episodes, in batches.
 
 pub mod host;
+mod judge;
 mod package;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use crate::agent::Agent;
 use crate::validate::{Invalid, check};
 
 pub use host::{Host, Stepped, Turn};
+pub use judge::Judge;
 
 /// `env: {name: textarena, game: TicTacToe-v0, players: 2}`: a TextArena game; its
 /// agents are `player_0 … player_{players-1}`.
