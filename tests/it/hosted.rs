@@ -152,6 +152,43 @@ fn a_textarena_game_is_played_by_its_players() {
     assert!(prompts[0].contains("Tic Tac Toe") || prompts[0].contains("Player 0"), "{prompts:?}");
 }
 
+/// A reply of `text` to `prompt`, as a sampler would give it.
+fn scripted(prompt: &petting::engine::Prompt, text: String) -> petting::engine::Reply {
+    petting::engine::Reply {
+        prompt_text: prompt.text.clone(),
+        prompt_tokens: vec![1],
+        tokens: vec![2; 3],
+        logprobs: vec![-0.5; 3],
+        text,
+        finish_reason: "eos".into(),
+        seconds: 0.0,
+        engine: petting::config::EngineKind::Tch,
+        engine_model: "scripted".into(),
+    }
+}
+
+/// `tasks` played by the single-agent workflow, two episodes each, with `responder`'s replies.
+fn play_alone(
+    config: &petting::config::RunConfig,
+    tasks: &[petting::tables::TaskRow],
+    responder: &mut dyn petting::engine::Responder,
+) -> petting::play::Played {
+    use petting::play::{Branching, Setup, games, play};
+    use petting::workflows::{Agent, WorkflowKind};
+    let setup = Setup {
+        workflow: WorkflowKind::SingleAgent,
+        max_turns: 1,
+        alone: false,
+        opponent: None,
+        policies: [(Agent::SINGLE, "shared".to_string())].into(),
+        branching: Branching::Independent { episodes: 2 },
+        seed_keys: vec![3],
+        overlong_prompt: petting::config::OverlongPrompt::Error,
+    };
+    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
+    play(&games(config, tasks).unwrap(), &setup, responder, &sandbox, &petting::progress::Quiet).unwrap()
+}
+
 /// Replies `#### <the reference answer>` to the first prompt of each pair, a wrong
 /// answer to the second.
 struct Answering(Vec<(String, String)>);
@@ -168,17 +205,7 @@ impl petting::engine::Responder for Answering {
             .map(|(i, p)| {
                 let (_, answer) = self.0.iter().find(|(question, _)| p.text.contains(question.as_str())).unwrap();
                 let text = if i % 2 == 0 { format!("#### {answer}") } else { "#### 0.123".into() };
-                petting::engine::Reply {
-                    prompt_text: p.text.clone(),
-                    prompt_tokens: vec![1],
-                    tokens: vec![2; 3],
-                    logprobs: vec![-0.5; 3],
-                    text,
-                    finish_reason: "eos".into(),
-                    seconds: 0.0,
-                    engine: petting::config::EngineKind::Tch,
-                    engine_model: "scripted".into(),
-                }
+                scripted(p, text)
             })
             .collect())
     }
@@ -189,8 +216,6 @@ fn reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer() {
     if !crate::support::full_suite("reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer") {
         return;
     }
-    use petting::play::{Branching, Setup, games, play};
-    use petting::workflows::{Agent, WorkflowKind};
     let dir = tempfile::tempdir().unwrap();
     let text = hosted_run(
         dir.path(),
@@ -212,20 +237,7 @@ fn reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer() {
             (instance["problem"].as_str().unwrap().to_string(), instance["answer"].as_str().unwrap().to_string())
         })
         .collect();
-    let setup = Setup {
-        workflow: WorkflowKind::SingleAgent,
-        max_turns: 1,
-        alone: false,
-        opponent: None,
-        policies: [(Agent::SINGLE, "shared".to_string())].into(),
-        branching: Branching::Independent { episodes: 2 },
-        seed_keys: vec![3],
-        overlong_prompt: petting::config::OverlongPrompt::Error,
-    };
-    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
-    let played =
-        play(&games(&config, &train).unwrap(), &setup, &mut Answering(questions), &sandbox, &petting::progress::Quiet)
-            .unwrap();
+    let played = play_alone(&config, &train, &mut Answering(questions));
     assert_eq!(played.candidates.len(), 8);
     for candidate in &played.candidates {
         let right = !candidate.reply.text.contains("0.123");
@@ -236,8 +248,6 @@ fn reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer() {
 
 #[test]
 fn a_python_reward_function_scores_a_math_datasets_answers() {
-    use petting::play::{Branching, Setup, games, play};
-    use petting::workflows::{Agent, WorkflowKind};
     let dir = tempfile::tempdir().unwrap();
     let rows: Vec<String> =
         (0..4).map(|i| format!("{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}", 2 * i)).collect();
@@ -260,20 +270,7 @@ fn a_python_reward_function_scores_a_math_datasets_answers() {
             (instance["problem"].as_str().unwrap().to_string(), instance["answer"].as_str().unwrap().to_string())
         })
         .collect();
-    let setup = Setup {
-        workflow: WorkflowKind::SingleAgent,
-        max_turns: 1,
-        alone: false,
-        opponent: None,
-        policies: [(Agent::SINGLE, "shared".to_string())].into(),
-        branching: Branching::Independent { episodes: 2 },
-        seed_keys: vec![3],
-        overlong_prompt: petting::config::OverlongPrompt::Error,
-    };
-    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
-    let played =
-        play(&games(&config, &train).unwrap(), &setup, &mut Answering(questions), &sandbox, &petting::progress::Quiet)
-            .unwrap();
+    let played = play_alone(&config, &train, &mut Answering(questions));
     assert_eq!(played.candidates.len(), 4);
     for candidate in &played.candidates {
         let contrary = candidate.reply.text.contains("0.123");
@@ -295,17 +292,7 @@ impl petting::engine::Responder for Coding {
             .enumerate()
             .map(|(i, p)| {
                 let mark = if i % 2 == 0 { "good" } else { "bad" };
-                petting::engine::Reply {
-                    prompt_text: p.text.clone(),
-                    prompt_tokens: vec![1],
-                    tokens: vec![2; 3],
-                    logprobs: vec![-0.5; 3],
-                    text: format!("```python\nprint('{mark}')\n```"),
-                    finish_reason: "eos".into(),
-                    seconds: 0.0,
-                    engine: petting::config::EngineKind::Tch,
-                    engine_model: "scripted".into(),
-                }
+                scripted(p, format!("```python\nprint('{mark}')\n```"))
             })
             .collect())
     }
@@ -313,8 +300,6 @@ impl petting::engine::Responder for Coding {
 
 #[test]
 fn a_python_reward_function_scores_a_code_datasets_programs_instead_of_its_tests() {
-    use petting::play::{Branching, Setup, games, play};
-    use petting::workflows::{Agent, WorkflowKind};
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rewards.py"), "def marked(task, reply):\n    return 'good' in reply\n").unwrap();
     let data = crate::support::repo_root().join("datasets/code");
@@ -333,19 +318,7 @@ fn a_python_reward_function_scores_a_code_datasets_programs_instead_of_its_tests
     std::fs::write(&path, &text).unwrap();
     let config = petting::config::load(&path).unwrap().resolved();
     let (train, _) = petting::stages::prepare_data::tasks(&config).unwrap();
-    let setup = Setup {
-        workflow: WorkflowKind::SingleAgent,
-        max_turns: 1,
-        alone: false,
-        opponent: None,
-        policies: [(Agent::SINGLE, "shared".to_string())].into(),
-        branching: Branching::Independent { episodes: 2 },
-        seed_keys: vec![3],
-        overlong_prompt: petting::config::OverlongPrompt::Error,
-    };
-    let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
-    let played =
-        play(&games(&config, &train).unwrap(), &setup, &mut Coding, &sandbox, &petting::progress::Quiet).unwrap();
+    let played = play_alone(&config, &train, &mut Coding);
     assert_eq!(played.candidates.len(), 4);
     for candidate in &played.candidates {
         // Neither program passes a HumanEval test: only the function can score one 1.
