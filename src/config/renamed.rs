@@ -9,8 +9,8 @@ use crate::validate::Invalid;
 /// One key of a file that was moved to its new name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Renamed {
-    pub old: &'static str,
-    pub new: &'static str,
+    pub old: String,
+    pub new: String,
 }
 
 impl std::fmt::Display for Renamed {
@@ -39,20 +39,15 @@ pub fn rename_old_keys(tree: &mut Value) -> Result<Vec<Renamed>, Invalid> {
 
 fn rename(section: &mut Map<String, Value>, prefix: &str, old: &str, new: &str) -> Result<Option<Renamed>, Invalid> {
     let Some(value) = section.remove(old) else { return Ok(None) };
-    let renamed = Renamed { old: leak(format!("{prefix}.{old}")), new: leak(format!("{prefix}.{new}")) };
+    let renamed = Renamed { old: format!("{prefix}.{old}"), new: format!("{prefix}.{new}") };
     if section.contains_key(new) {
         return Err(Invalid {
-            key: renamed.old.to_string(),
+            key: renamed.old.clone(),
             message: format!("is the old name of {}, which is written too; keep only {}", renamed.new, renamed.new),
         });
     }
     section.insert(new.to_string(), value);
     Ok(Some(renamed))
-}
-
-/// The names are a handful of constants; leaking them keeps `Renamed` plain data.
-fn leak(name: String) -> &'static str {
-    Box::leak(name.into_boxed_str())
 }
 
 #[cfg(test)]
