@@ -131,6 +131,7 @@ fn commit_rows(markers: &[StoredMarker]) -> Vec<CommitRow> {
                 reused_from: (!c.reused_from.is_empty())
                     .then(|| c.reused_from.iter().map(|r| r.marker.as_str()).collect::<Vec<_>>().join(" ")),
                 skipped_tasks: (!c.skipped_tasks.is_empty()).then(|| c.skipped_tasks.join(" ")),
+                failed_episodes: (!c.failed_episodes.is_empty()).then(|| c.failed_episodes.join("\n")),
             }
         })
         .collect()

@@ -113,6 +113,8 @@ pub struct TurnRow {
     pub top_k: u32,
     pub sampling_seed: u64,
     pub generation_seconds: f64,
+    /// Why the row's episode failed (an agent program's crash, timeout, missing verdict…).
+    pub failure: Option<String>,
 }
 impl Row for TurnRow {
     const TABLE: Table = Table::Turns;
@@ -239,6 +241,7 @@ pub struct CommitRow {
     pub sandbox_seconds: f64,
     pub reused_from: Option<String>,
     pub skipped_tasks: Option<String>,
+    pub failed_episodes: Option<String>,
 }
 impl Row for CommitRow {
     const TABLE: Table = Table::Commits;
@@ -398,6 +401,7 @@ mod tests {
             top_k: 0,
             sampling_seed: 77,
             generation_seconds: 0.5,
+            failure: None,
         };
         let batch = to_batch(std::slice::from_ref(&row)).unwrap();
         assert_eq!(from_batch::<TurnRow>(&batch).unwrap(), vec![row]);

@@ -220,6 +220,12 @@ impl LoadedConfig {
         for file in [&mut config.data.train_file, &mut config.data.test_file].into_iter().flatten() {
             file.path = absolute(&self.resolve(&file.path));
         }
+        if let EnvConfig::AgentProgram(program) = &mut config.env {
+            program.workdir = Some(absolute(&self.resolve(program.workdir.as_deref().unwrap_or(Path::new(".")))));
+            if let Some(python) = program.python.as_mut().filter(|p| p.components().count() > 1) {
+                *python = absolute(&self.resolve(python));
+            }
+        }
         // A hosted environment's files are found from the run file's folder.
         let host = match &mut config.env {
             EnvConfig::TextArena(c) => Some(&mut c.host),
@@ -525,8 +531,19 @@ impl RunConfig {
         // Independent episodes share a prompt only at the first turn of the first agent:
         // grouping their later turns by (task, agent, turn) compares different prompts.
         let one_prompt = self.team().len() == 1 && self.workflow.max_turns == 1;
+        let program = self.env.agent_program().is_some();
         check(
-            self.rollout.mode != RolloutMode::Independent
+            !program || self.rollout.mode == RolloutMode::Independent,
+            "rollout.mode",
+            "an agent program cannot be forked mid-episode, so it plays independent episodes: write \
+             rollout.mode: independent and rollout.episodes_per_task: K (the group of each task)",
+        )?;
+        // An agent program's calls are grouped as its estimator says, by (task, agent,
+        // call index) for at_grpo: the nearest to a turn's group that independent
+        // episodes have (their prompts agree at each role's first call).
+        check(
+            program
+                || self.rollout.mode != RolloutMode::Independent
                 || self.algorithm.name.grouping() != Grouping::TaskAgentTurn
                 || one_prompt,
             "rollout.mode",

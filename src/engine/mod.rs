@@ -39,8 +39,20 @@ pub use sync::Served;
 /// One prompt to answer, with the seed of its own random stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prompt {
+    /// The agent's message, which the responder renders with the policy's chat template;
+    /// or, with `tokens`, the prompt as already rendered.
     pub text: String,
+    /// The prompt's token ids, where the caller rendered it (an agent program's
+    /// conversation, whose earlier turns keep the ids they were sampled with).
+    pub tokens: Option<Vec<i64>>,
     pub seed: u64,
+}
+
+impl Prompt {
+    /// An agent's message, rendered by the responder.
+    pub fn message(text: String, seed: u64) -> Prompt {
+        Prompt { text, tokens: None, seed }
+    }
 }
 
 /// A sampled reply and what produced it.
@@ -69,6 +81,27 @@ pub trait Responder {
     /// see it, is longer than the limit (answering it would be an error).
     fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {
         Ok(true)
+    }
+
+    /// The most tokens a prompt may have.
+    fn prompt_limit(&self) -> usize {
+        usize::MAX
+    }
+
+    /// An OpenAI-style conversation (`messages`, and the `tools` offered) rendered with
+    /// `policy`'s chat template, ending with the opening of the assistant's reply.
+    fn chat_text(
+        &mut self,
+        _policy: &str,
+        _messages: &serde_json::Value,
+        _tools: Option<&serde_json::Value>,
+    ) -> Result<String, Error> {
+        Err(Error::Unsupported("this responder does not render conversations".into()))
+    }
+
+    /// `text` as `policy`'s tokenizer encodes it (no special tokens added).
+    fn encode(&mut self, _policy: &str, _text: &str) -> Result<Vec<i64>, Error> {
+        Err(Error::Unsupported("this responder does not tokenise".into()))
     }
 }
 

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use futures::StreamExt;
+use serde_json::Value;
 
 use crate::config::EngineKind;
 use crate::model::{GenerationRequest, GenerationSettings, SamplingConfig};
@@ -37,11 +38,24 @@ impl Responder for ModelResponder<'_> {
         fits(policy, text, self.max_prompt_tokens)
     }
 
+    fn prompt_limit(&self) -> usize {
+        self.max_prompt_tokens
+    }
+
+    fn chat_text(&mut self, name: &str, messages: &Value, tools: Option<&Value>) -> Result<String, Error> {
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        Ok(policy.chat_text(messages, tools)?)
+    }
+
+    fn encode(&mut self, name: &str, text: &str) -> Result<Vec<i64>, Error> {
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        Ok(policy.require_tokenizer()?.encode(text, false)?)
+    }
+
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
         let (policy, adapter) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let adapter = adapter.map(str::to_owned);
-        let rendered: Vec<(String, Vec<i64>)> =
-            prompts.iter().map(|p| policy.agent_prompt(&p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
+        let rendered = render(policy, prompts, self.max_prompt_tokens)?;
         // One call for every prompt: the sampler sizes its batches from its memory budget
         // and refills finished rows' slots with waiting prompts.
         let requests: Vec<GenerationRequest> = prompts
@@ -88,6 +102,24 @@ impl Responder for ModelResponder<'_> {
     }
 }
 
+/// Each prompt as the model sees it: (text, ids), rendered here unless the caller did.
+fn render(
+    policy: &crate::model::LanguageModel,
+    prompts: &[Prompt],
+    max_tokens: usize,
+) -> Result<Vec<(String, Vec<i64>)>, Error> {
+    let one = |p: &Prompt| match &p.tokens {
+        None => policy.agent_prompt(&p.text, max_tokens),
+        Some(ids) if ids.len() > max_tokens => Err(crate::model::Error::PromptTooLong {
+            tokens: ids.len(),
+            limit: max_tokens,
+            start: p.text.chars().take(80).collect(),
+        }),
+        Some(ids) => Ok((p.text.clone(), ids.clone())),
+    };
+    Ok(prompts.iter().map(one).collect::<Result<_, _>>()?)
+}
+
 /// Whether `text`, rendered as `policy` renders agent prompts, is at most `max_tokens`.
 fn fits(policy: &crate::model::LanguageModel, text: &str, max_tokens: usize) -> Result<bool, Error> {
     match policy.agent_prompt(text, max_tokens) {
@@ -117,12 +149,25 @@ impl Responder for VllmResponder<'_> {
         fits(policy, text, self.max_prompt_tokens)
     }
 
+    fn prompt_limit(&self) -> usize {
+        self.max_prompt_tokens
+    }
+
+    fn chat_text(&mut self, name: &str, messages: &Value, tools: Option<&Value>) -> Result<String, Error> {
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        Ok(policy.chat_text(messages, tools)?)
+    }
+
+    fn encode(&mut self, name: &str, text: &str) -> Result<Vec<i64>, Error> {
+        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
+        Ok(policy.require_tokenizer()?.encode(text, false)?)
+    }
+
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
         let served = self.served.name(name).ok_or_else(|| not_loaded(name))?.to_string();
         let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let stop_token_ids = policy.config().eos_token_ids.clone();
-        let rendered: Vec<(String, Vec<i64>)> =
-            prompts.iter().map(|p| policy.agent_prompt(&p.text, self.max_prompt_tokens)).collect::<Result<_, _>>()?;
+        let rendered = render(policy, prompts, self.max_prompt_tokens)?;
         let requests: Vec<CompletionRequest> = prompts
             .iter()
             .zip(&rendered)

@@ -91,7 +91,7 @@ pub enum DatasetField {
     EntryPoint,
 }
 
-type Row = Map<String, Value>;
+pub type Row = Map<String, Value>;
 
 /// One task read from a file.
 #[derive(Debug, Clone, PartialEq)]
@@ -220,6 +220,15 @@ pub fn math_records(file: &DatasetFile) -> Result<Vec<Record<math::Instance>>, E
             Ok(Record { id: id_of(row, file, i), instance: math::Instance { problem, answer, entry: None }, solution })
         })
         .collect()
+}
+
+/// An agent program's tasks: every row as it is, handed to the program whole.
+pub fn program_records(file: &DatasetFile) -> Result<Vec<Record<Row>>, Error> {
+    Ok(read_rows(file)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| Record { id: id_of(&row, file, i), instance: row, solution: None })
+        .collect())
 }
 
 /// Tests in any of the documented shapes.

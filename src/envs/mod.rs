@@ -9,6 +9,7 @@
 //! [`AnyEnv`] is the closed set the workflows and stages hold; it is built from a row of
 //! the `tasks` table ([`AnyEnv::from_instance`]).
 
+pub mod agent_program;
 pub mod code;
 pub mod dataset;
 pub mod hosted;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::sandbox::Sandbox;
 use crate::validate::{Invalid, check};
 
+pub use agent_program::AgentProgramConfig;
 pub use code::{Code, CodeConfig};
 pub use hosted::{ExternalConfig, Hosted, HostedConfig, PythonReward, ReasoningGymConfig, TextArenaConfig};
 pub use math::{Math, MathConfig};
@@ -49,6 +51,8 @@ pub enum EnvConfig {
     External(ExternalConfig),
     /// A reasoning-gym dataset: math tasks its host makes and scores.
     ReasoningGym(ReasoningGymConfig),
+    /// A user's agent program plays each episode, calling petting's endpoint.
+    AgentProgram(AgentProgramConfig),
 }
 
 impl EnvConfig {
@@ -63,13 +67,22 @@ impl EnvConfig {
             EnvConfig::TextArena(_) => "textarena",
             EnvConfig::External(_) => "external",
             EnvConfig::ReasoningGym(_) => "reasoning_gym",
+            EnvConfig::AgentProgram(_) => "agent_program",
         }
     }
 
     /// Whether tasks come from dataset files (`data.train_file`, `data.test_file`)
     /// rather than being generated (an external environment may do either).
     pub fn reads_files(&self) -> bool {
-        matches!(self, EnvConfig::Math(_) | EnvConfig::Code(_))
+        matches!(self, EnvConfig::Math(_) | EnvConfig::Code(_) | EnvConfig::AgentProgram(_))
+    }
+
+    /// The agent program that plays each episode, if one does.
+    pub fn agent_program(&self) -> Option<&AgentProgramConfig> {
+        match self {
+            EnvConfig::AgentProgram(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// Whether solver demonstrations exist for a warm start (the generated environments).
@@ -127,6 +140,7 @@ impl EnvConfig {
             EnvConfig::TextArena(c) => c.validate(),
             EnvConfig::External(c) => c.validate(),
             EnvConfig::ReasoningGym(c) => c.validate(),
+            EnvConfig::AgentProgram(c) => c.validate(),
         }
     }
 }
@@ -245,6 +259,12 @@ impl AnyEnv {
                 return Err(Error::Instance {
                     env: config.name(),
                     reason: "a hosted environment's episodes are made by its host (play::games)".into(),
+                });
+            }
+            EnvConfig::AgentProgram(_) => {
+                return Err(Error::Instance {
+                    env: config.name(),
+                    reason: "an agent program's episodes are its own (play::programs)".into(),
                 });
             }
         })

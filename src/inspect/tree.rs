@@ -172,6 +172,7 @@ pub(crate) mod tests {
             top_k: 0,
             sampling_seed: 7,
             generation_seconds: 0.1,
+            failure: None,
         }
     }
 

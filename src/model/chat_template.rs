@@ -5,8 +5,8 @@
 //! `loopcontrols` extension, adds `raise_exception` and `strftime_now` as globals and
 //! replaces `tojson` with `json.dumps(x, ensure_ascii=False, indent=…)`. Templates call
 //! Python string methods (`content.startswith(…)`, `.split('</think>')`), which
-//! minijinja-contrib's pycompat provides. The context is the messages, `tools` (absent
-//! here), `add_generation_prompt`, the tokenizer's special tokens and any extra keywords
+//! minijinja-contrib's pycompat provides. The context is the messages, `tools` (when a
+//! client offers some), `add_generation_prompt`, the tokenizer's special tokens and any extra keywords
 //! (Qwen3's `enable_thinking` is passed only when set, since the template tests
 //! `enable_thinking is defined`).
 //!
@@ -109,9 +109,29 @@ impl ChatTemplate {
 
     /// Renders a conversation.
     pub fn render(&self, messages: &[ChatMessage], options: &TemplateOptions) -> Result<String, Error> {
+        self.render_with(Value::from(minijinja::value::Serde(messages)), None, options)
+    }
+
+    /// Renders a conversation as an OpenAI-compatible client sends it: messages with any
+    /// fields (`tool_calls`, `tool_call_id`, `name`) and the `tools` offered, for the
+    /// templates that use them.
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        options: &TemplateOptions,
+    ) -> Result<String, Error> {
+        let tools = tools.map(|t| Value::from(minijinja::value::Serde(t)));
+        self.render_with(Value::from(minijinja::value::Serde(messages)), tools, options)
+    }
+
+    fn render_with(&self, messages: Value, tools: Option<Value>, options: &TemplateOptions) -> Result<String, Error> {
         let mut context: std::collections::BTreeMap<String, Value> =
             self.special_tokens.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect();
-        context.insert("messages".into(), Value::from(minijinja::value::Serde(messages)));
+        context.insert("messages".into(), messages);
+        if let Some(tools) = tools {
+            context.insert("tools".into(), tools);
+        }
         context.insert("add_generation_prompt".into(), Value::from(options.add_generation_prompt));
         if let Some(thinking) = options.enable_thinking {
             context.insert("enable_thinking".into(), Value::from(thinking));

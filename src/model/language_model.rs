@@ -210,6 +210,18 @@ impl LanguageModel {
         Ok((rendered, ids))
     }
 
+    /// A conversation as an OpenAI-compatible client sends it (messages and the tools
+    /// offered), rendered to the opening of the assistant's reply; not tokenised, since
+    /// a continued conversation reuses the ids sampled for its earlier turns.
+    pub fn chat_text(&self, messages: &serde_json::Value, tools: Option<&serde_json::Value>) -> Result<String> {
+        let template = self.chat_template.as_ref().ok_or_else(|| Error::MissingFile {
+            file: PathBuf::from("chat_template.jinja"),
+            what: "a chat template",
+        })?;
+        let options = TemplateOptions { add_generation_prompt: true, enable_thinking: None };
+        template.render_json(messages, tools, &options)
+    }
+
     /// The base model's variables (HF keys): what full fine-tuning optimises.
     pub fn var_store(&self) -> &VarStore {
         &self.vs

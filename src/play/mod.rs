@@ -29,6 +29,7 @@ use crate::tables::TaskRow;
 use crate::workflows::{Agent, Episode, TurnOutcome, WorkflowKind, run_program};
 
 mod hosted;
+pub mod programs;
 use hosted::{credit, hosted_id, hosted_session, judge_answers, judged, make_hosted, step_hosted};
 
 /// One episode to play: a task's environment, and the key its random streams use.
@@ -38,21 +39,48 @@ pub struct Game {
     pub env: AnyEnv,
 }
 
+/// What a stage plays: environments' episodes, or a user's agent program on each task.
+#[derive(Debug, Clone)]
+pub enum Games {
+    Envs(Vec<Game>),
+    Programs(programs::Programs),
+}
+
+impl Games {
+    /// Tasks played.
+    pub fn len(&self) -> usize {
+        match self {
+            Games::Envs(games) => games.len(),
+            Games::Programs(programs) => programs.tasks.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The games of `tasks` rows. A hosted environment's host is started here, and lives
 /// as long as the games.
-pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Vec<Game>, Error> {
+pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Games, Error> {
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
+    if let Some(program) = config.env.agent_program() {
+        let tasks = tasks.iter().map(|t| (t.task_id.clone(), t.instance.clone())).collect();
+        return Ok(Games::Programs(programs::Programs { config: program.clone(), tasks, team: config.team() }));
+    }
     if let Some(scorer) = config.env.scorer() {
         let session = Session::start(scorer, &config.team())?;
-        return tasks.iter().map(|t| Ok(game(t, judged(&config.env, &session, &t.instance)?))).collect();
+        let games = tasks.iter().map(|t| Ok(game(t, judged(&config.env, &session, &t.instance)?)));
+        return games.collect::<Result<_, Error>>().map(Games::Envs);
     }
-    match config.env.hosted() {
+    let games: Result<Vec<Game>, Error> = match config.env.hosted() {
         Some(hosted) => {
             let session = Session::start(hosted, &config.team())?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
         None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
-    }
+    };
+    games.map(Games::Envs)
 }
 
 /// How many candidates each step samples, and which continues.
@@ -139,6 +167,9 @@ pub struct Finished {
     pub team_reward: f64,
     pub turns: u32,
     pub tokens: u64,
+    /// Why the episode failed (an agent program that crashed, hung, or gave no verdict);
+    /// None when it ended as its environment or program says.
+    pub failure: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +189,10 @@ pub enum Error {
     Host(#[from] crate::envs::hosted::host::Error),
     #[error("the environment host answered episode {episode} with {reason}")]
     Hosted { episode: String, reason: String },
+    #[error("cannot start the endpoint agent programs call: {0}")]
+    Endpoint(std::io::Error),
+    #[error("every one of the {episodes} episodes of the agent program failed; the first, of task {task_id}: {reason}")]
+    ProgramsFailed { episodes: usize, task_id: String, reason: String },
 }
 
 /// The live episodes of one task (one in tree mode, K in independent mode).
@@ -189,8 +224,23 @@ impl Setup {
 }
 
 /// Plays every game to the end, reporting finished episodes and sampled tokens to
-/// `progress` after each step.
+/// `progress` as they come.
 pub fn play(
+    games: &Games,
+    setup: &Setup,
+    responder: &mut dyn Responder,
+    sandbox: &Sandbox,
+    progress: &dyn Progress,
+) -> Result<Played, Error> {
+    match games {
+        Games::Envs(games) => play_envs(games, setup, responder, sandbox, progress),
+        Games::Programs(programs) => programs::play(programs, setup, responder, progress),
+    }
+}
+
+/// Plays environments' episodes, step by step: every live episode's next prompt in one
+/// batch per policy.
+fn play_envs(
     games: &[Game],
     setup: &Setup,
     responder: &mut dyn Responder,
@@ -300,6 +350,7 @@ pub fn play(
             team_reward: t.episode.env().team_reward(),
             turns: t.episode.turn(),
             tokens: t.tokens,
+            failure: None,
         })
         .collect();
     Ok(Played {
@@ -377,7 +428,7 @@ fn sample_step(
         for b in 0..branches {
             let mut keys = setup.seed_keys.clone();
             keys.extend([task, track.episode_index as u64, track.episode.turn() as u64, role_index, b as u64]);
-            wanted.push((policy.clone(), Prompt { text: text.clone(), seed: stream(&keys) }));
+            wanted.push((policy.clone(), Prompt::message(text.clone(), stream(&keys))));
         }
         policy_of.push(policy.clone());
         messages.push(text);
@@ -559,18 +610,18 @@ mod tests {
         let skip = Setup { overlong_prompt: OverlongPrompt::Skip, ..setup(RolloutMode::Tree) };
         // Checked in track order: the second prompt of the first step is task 1's.
         let mut responder = WithALongPrompt { checked: 0, too_long: 2 };
-        let played = play(&games(), &skip, &mut responder, &sandbox, &Quiet).unwrap();
+        let played = play(&Games::Envs(games()), &skip, &mut responder, &sandbox, &Quiet).unwrap();
         assert_eq!(played.skipped, [1]);
         assert!(played.candidates.iter().all(|c| c.task_index == 0) && !played.candidates.is_empty());
         assert_eq!(played.finished.iter().map(|f| f.task_index).collect::<Vec<_>>(), [0]);
         // Skipped at its planner's turn (the third check), task 0 loses its tool rows too.
         let mut responder = WithALongPrompt { checked: 0, too_long: 3 };
-        let played = play(&games(), &skip, &mut responder, &sandbox, &Quiet).unwrap();
+        let played = play(&Games::Envs(games()), &skip, &mut responder, &sandbox, &Quiet).unwrap();
         assert_eq!(played.skipped, [0]);
         assert!(played.candidates.iter().all(|c| c.task_index == 1), "{:?}", played.candidates.len());
         // With overlong_prompt: error the responder itself refuses; nothing is checked.
         let mut responder = WithALongPrompt { checked: 0, too_long: 1 };
-        let played = play(&games(), &setup(RolloutMode::Tree), &mut responder, &sandbox, &Quiet).unwrap();
+        let played = play(&Games::Envs(games()), &setup(RolloutMode::Tree), &mut responder, &sandbox, &Quiet).unwrap();
         assert_eq!((responder.checked, played.skipped.len(), played.finished.len()), (0, 0, 2));
     }
 
@@ -602,7 +653,7 @@ mod tests {
     fn tree_sampling_branches_k_ways_and_continues_the_best() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let Played { candidates, finished, .. } =
-            play(&games(), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+            play(&Games::Envs(games()), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(candidates.len(), 2 * (3 + 3));
         for group in candidates.chunks(3) {
             assert!(
@@ -626,7 +677,7 @@ mod tests {
             assert!(children.iter().all(|c| c.reply.prompt_text.contains("print(bfs(grid, S, G))")));
         }
         assert!(finished.iter().all(|f| f.success && f.turns == 1), "{finished:?}");
-        let again = play(&games(), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+        let again = play(&Games::Envs(games()), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(again.candidates, candidates);
     }
 
@@ -647,7 +698,8 @@ mod tests {
     fn progress_counts_every_episode_and_sampled_token_once_per_step() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let tally = Tally::default();
-        let played = play(&games(), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
+        let played =
+            play(&Games::Envs(games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
         let (episodes, tokens, steps) = *tally.0.lock().unwrap();
         assert_eq!(episodes, played.finished.len() as u64);
         assert_eq!(tokens, played.candidates.iter().map(|c| c.reply.tokens.len() as u64).sum::<u64>());
@@ -660,8 +712,8 @@ mod tests {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let together = setup(RolloutMode::Independent);
         let apart = Setup { alone: true, ..together.clone() };
-        let team = play(&games(), &together, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
-        let alone = play(&games(), &apart, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
+        let team = play(&Games::Envs(games()), &together, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
+        let alone = play(&Games::Envs(games()), &apart, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
         let successes = |f: &[Finished], tool: bool| -> Vec<bool> {
             f.iter().map(|f| if tool { f.tool_success } else { f.success }).collect()
         };
@@ -700,12 +752,12 @@ mod tests {
             seed_keys: vec![1],
             overlong_prompt: OverlongPrompt::Error,
         };
-        let played = play(&games, &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
+        let played = play(&Games::Envs(games.clone()), &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(played.finished[0].success, "first-free-cell O lets X complete the diagonal");
 
         let policies = HashMap::from([(Agent::PLAYER_X, "shared".into())]);
         let minimax = Setup { opponent: Some(Agent::PLAYER_O), policies, ..self_play };
-        let played = play(&games, &minimax, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
+        let played = play(&Games::Envs(games.clone()), &minimax, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(!played.finished[0].success, "{:?}", played.finished);
         assert!(played.candidates.iter().all(|c| c.agent == Agent::PLAYER_X));
         assert!(played.candidates.len() >= 2, "X moved more than once: O answered in between");
@@ -715,7 +767,7 @@ mod tests {
     fn independent_mode_plays_k_separate_episodes() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let Played { candidates, finished, .. } =
-            play(&games(), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
+            play(&Games::Envs(games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(finished.len(), 2 * 3);
         assert_eq!(candidates.len(), 2 * 3 * 2);
         assert!(candidates.iter().all(|c| c.selected && c.branch == 0));

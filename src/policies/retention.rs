@@ -94,6 +94,7 @@ mod tests {
             sandbox_seconds: 0.0,
             reused_from: vec![],
             skipped_tasks: vec![],
+            failed_episodes: vec![],
         };
         StoredMarker { path: String::new(), sha256: String::new(), marker }
     }

@@ -62,6 +62,7 @@ pub async fn run(
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     let mut skipped_tasks: Vec<String> = Vec::new();
+    let mut failed_episodes: Vec<String> = Vec::new();
     for (mode_index, &mode) in config.evaluation.modes.iter().enumerate() {
         let setup = setup(config, mode, iteration, mode_index as u64);
         let started = Instant::now();
@@ -87,6 +88,7 @@ pub async fn run(
                 skipped_tasks.push(task.clone());
             }
         }
+        failed_episodes.extend(super::failed_episodes(&test, &finished));
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
         let policies = describe(&setup, &loaded);
         rows.extend(finished.iter().map(|f| EvalRow {
@@ -108,6 +110,7 @@ pub async fn run(
         model_seconds,
         sandbox_seconds,
         skipped_tasks,
+        failed_episodes,
         ..super::run_info(config)
     };
     let marker = super::commit_rows(writer, &rows, info).await?;

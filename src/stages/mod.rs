@@ -253,6 +253,17 @@ fn scored_sql(config: &RunConfig, iteration: u32) -> String {
     format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
 }
 
+/// `<task_id>/e<episode>: <reason>` of each failed episode, the reason's first line.
+fn failed_episodes(tasks: &[crate::tables::TaskRow], finished: &[crate::play::Finished]) -> Vec<String> {
+    let failed = finished.iter().filter_map(|f| Some((f, f.failure.as_deref()?)));
+    failed
+        .map(|(f, reason)| {
+            let reason = reason.lines().next().unwrap_or_default();
+            format!("{}/e{}: {reason}", tasks[f.task_index].task_id, f.episode)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

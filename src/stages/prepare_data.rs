@@ -191,7 +191,7 @@ pub async fn committed_tokenizer(store: &RunStore) -> Result<Option<TokenizerFil
 pub fn tasks(config: &RunConfig) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let (train_n, test_n) = (config.data.train_tasks as usize, config.data.test_tasks as usize);
     match &config.env {
-        EnvConfig::Math(_) | EnvConfig::Code(_) => from_files(config, train_n, test_n),
+        env if env.reads_files() => from_files(config, train_n, test_n),
         env if env.hosted().is_some() => from_host(config, train_n, test_n),
         env => {
             let mut seen = HashSet::new();
@@ -213,7 +213,7 @@ fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
         EnvConfig::Sudoku(c) => AnyEnv::Sudoku(Sudoku::generate(c, seed)),
         EnvConfig::Sokoban(c) => AnyEnv::Sokoban(Sokoban::generate(c, seed)),
         EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::generate(seed)),
-        EnvConfig::Math(_) | EnvConfig::Code(_) => unreachable!("read from files"),
+        EnvConfig::Math(_) | EnvConfig::Code(_) | EnvConfig::AgentProgram(_) => unreachable!("read from files"),
         EnvConfig::TextArena(_) | EnvConfig::External(_) | EnvConfig::ReasoningGym(_) => {
             unreachable!("made by the host")
         }
@@ -356,6 +356,14 @@ fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<
             EnvConfig::Math(_) => dataset::math_records(file)?
                 .into_iter()
                 .map(|r| (r.id, r.instance.problem.clone(), json(&r.instance), Some(json(&r.instance.answer))))
+                .collect(),
+            // The whole row is the task; it is its own key for holding test rows out.
+            EnvConfig::AgentProgram(_) => dataset::program_records(file)?
+                .into_iter()
+                .map(|r| {
+                    let row = json(&r.instance);
+                    (r.id, row.clone(), row, None)
+                })
                 .collect(),
             _ => dataset::code_records(file)?
                 .into_iter()

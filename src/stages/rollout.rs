@@ -8,7 +8,9 @@
 
 use crate::config::RunConfig;
 use crate::engine::StageEngine;
-use crate::play::{self, Branching, Candidate, Setup};
+use std::collections::HashMap;
+
+use crate::play::{self, Branching, Played, Setup};
 use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
 use crate::rng::Key;
@@ -53,13 +55,14 @@ pub async fn run(
         })
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
-    let rows = turn_rows(config, &batch, &played.candidates, &loaded);
+    let rows = turn_rows(config, &batch, &played, &loaded);
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
         policies_used: loaded.refs(),
         model_seconds: played.model_seconds,
         sandbox_seconds: played.sandbox_seconds,
         skipped_tasks: played.skipped.iter().map(|&t| batch[t].task_id.clone()).collect(),
+        failed_episodes: super::failed_episodes(&batch, &played.finished),
         ..super::run_info(config)
     };
     let marker = super::commit_by_agent(writer, rows, info).await?;
@@ -81,9 +84,12 @@ fn setup(config: &RunConfig, iteration: u32) -> Setup {
     }
 }
 
-fn turn_rows(config: &RunConfig, batch: &[TaskRow], candidates: &[Candidate], loaded: &LoadedPolicies) -> Vec<TurnRow> {
+fn turn_rows(config: &RunConfig, batch: &[TaskRow], played: &Played, loaded: &LoadedPolicies) -> Vec<TurnRow> {
     let sampling = &config.rollout.sampling;
-    candidates
+    let failures: HashMap<(usize, u32), &String> =
+        played.finished.iter().filter_map(|f| Some(((f.task_index, f.episode), f.failure.as_ref()?))).collect();
+    played
+        .candidates
         .iter()
         .map(|c| {
             let task_id = &batch[c.task_index].task_id;
@@ -123,6 +129,7 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], candidates: &[Candidate], lo
                 top_k: sampling.top_k,
                 sampling_seed: c.seed,
                 generation_seconds: c.reply.seconds,
+                failure: failures.get(&(c.task_index, c.episode)).map(|f| f.to_string()),
             }
         })
         .collect()

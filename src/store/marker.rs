@@ -47,6 +47,9 @@ pub struct CommitMarker {
     /// `rollout.max_prompt_tokens` (`rollout.overlong_prompt: skip`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped_tasks: Vec<String>,
+    /// Episodes an agent program failed, as `<task_id>/e<episode>: <reason>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_episodes: Vec<String>,
 }
 
 /// One file a commit makes visible.

@@ -39,6 +39,7 @@ pub struct CommitInfo {
     pub sandbox_seconds: f64,
     pub reused_from: Vec<InputRef>,
     pub skipped_tasks: Vec<String>,
+    pub failed_episodes: Vec<String>,
 }
 
 /// A finished attempt whose files are all written and closed, ready to be made visible.
@@ -193,6 +194,7 @@ impl PendingCommit<'_> {
             sandbox_seconds: info.sandbox_seconds,
             reused_from: info.reused_from,
             skipped_tasks: info.skipped_tasks,
+            failed_episodes: info.failed_episodes,
             code_version: crate::CODE_VERSION.to_string(),
             started_at: self.started_at,
             finished_at: Utc::now(),

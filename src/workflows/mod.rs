@@ -151,7 +151,7 @@ impl WorkflowKind {
             WorkflowKind::ToolReasoner => matches!(env, "math" | "reasoning_gym"),
             WorkflowKind::CoderTester => env == "code",
             WorkflowKind::TwoPlayers => env == "tic_tac_toe",
-            WorkflowKind::Environment => matches!(env, "textarena" | "external"),
+            WorkflowKind::Environment => matches!(env, "textarena" | "external" | "agent_program"),
         }
     }
 

@@ -3,6 +3,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod agent_programs;
 mod architecture;
 mod cli_config;
 mod cli_sql;

@@ -184,6 +184,7 @@ fn turn(
         top_k: 0,
         sampling_seed: 1,
         generation_seconds: 0.0,
+        failure: None,
     }
 }
 

@@ -76,6 +76,7 @@ pub fn turn_rows(iteration: u32, rows: usize, seed: u64) -> Vec<TurnRow> {
                 top_k: 0,
                 sampling_seed: mix.next(),
                 generation_seconds: 0.25,
+                failure: None,
             }
         })
         .collect()

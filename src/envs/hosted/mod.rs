@@ -212,15 +212,21 @@ impl HostSettings {
 
     /// The interpreter that runs the host.
     fn python(&self) -> PathBuf {
-        if let Some(python) = &self.python {
-            return python.clone();
-        }
-        if let Some(python) = std::env::var_os("PETTING_PYTHON").filter(|p| !p.is_empty()) {
-            return PathBuf::from(python);
-        }
-        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-        if checkout.is_file() { checkout } else { PathBuf::from("python3") }
+        interpreter(self.python.as_deref())
     }
+}
+
+/// The Python a user's program runs with: the configured one, else `PETTING_PYTHON`,
+/// else the checkout's `.venv` (scripts/install/python-tools.sh makes it), else `python3`.
+pub fn interpreter(configured: Option<&Path>) -> PathBuf {
+    if let Some(python) = configured {
+        return python.to_path_buf();
+    }
+    if let Some(python) = std::env::var_os("PETTING_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(python);
+    }
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    if checkout.is_file() { checkout } else { PathBuf::from("python3") }
 }
 
 fn check_prompt(template: &str) -> Result<(), Invalid> {

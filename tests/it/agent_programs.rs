@@ -1,0 +1,244 @@
+//! Agent programs end to end: petting runs a user's program per episode (a real Python
+//! process), the program calls petting's OpenAI-compatible endpoint with a role as its
+//! `model`, each call is sampled by that role's policy and becomes a `turns` row, and the
+//! program's verdict is the episode's reward.
+
+use std::path::{Path, PathBuf};
+
+use crate::pipeline::sql_rows;
+use crate::support::{RunFile, fixture, full_suite, repo_root, run};
+
+fn examples() -> PathBuf {
+    repo_root().join("examples/agent_programs")
+}
+
+/// One iteration of `program` (a file of examples/agent_programs) as a solver and a
+/// checker, each with its own policy on `model`: 2 arithmetic tasks × 2 episodes.
+fn team_run(dir: &Path, program: &str, model: &Path) -> RunFile {
+    let data = examples().join("arithmetic.jsonl");
+    RunFile::new(&format!(
+        "store: {store}
+seed: 5
+iterations: 1
+env: {{name: agent_program, command: [python, {program}], workdir: {examples}}}
+data: {{train_tasks: 4, test_tasks: 2, train_file: {{path: {data}}}, test_file: {{path: {data}}}}}
+agents: {{solver: {{policy: solver}}, checker: {{policy: checker}}}}
+policies:
+  solver: {{model: {model}, optimizer: {{lr: 1.0e-3}}}}
+  checker: {{model: {model}, optimizer: {{lr: 1.0e-3}}}}
+rollout: {{mode: independent, episodes_per_task: 2, tasks_per_iteration: 2, sampling: {{temperature: 1.0, max_new_tokens: 8}}}}
+algorithm: {{name: at_grpo, filter: {{drop_degenerate: false}}}}
+evaluation: {{tasks: 2, modes: [multi_agent], sampling: {{max_new_tokens: 8}}}}
+",
+        store = dir.join("run").display(),
+        examples = examples().display(),
+        data = data.display(),
+        model = model.display(),
+    ))
+}
+
+fn run_ok(file: &RunFile, dir: &Path) {
+    let path = file.write(&dir.join("run.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    assert!(ok, "{stdout}\n{stderr}");
+}
+
+/// The solver's second call resends its first call and the reply: its prompt ids must
+/// begin with that call's prompt ids and sampled ids. Returns (rows, rows that do).
+fn continued_prompts(store: &Path) -> (usize, usize) {
+    let rows = sql_rows(
+        store,
+        "SELECT array_slice(b.prompt_tokens, 1, CAST(array_length(a.prompt_tokens) + array_length(a.response_tokens) AS BIGINT)) \
+                = array_concat(a.prompt_tokens, a.response_tokens) \
+         FROM turns a JOIN turns b ON a.task_id = b.task_id AND a.episode = b.episode AND a.iteration = b.iteration \
+         WHERE a.agent = 'solver' AND b.agent = 'solver' AND a.turn = 0 AND b.turn = 1",
+    );
+    (rows.len(), rows.iter().filter(|r| *r == "true").count())
+}
+
+/// Every call a row of its role: per episode the solver's two calls, then the checker's
+/// one, with a logprob per sampled token, rewarded by the verdict.
+fn assert_each_call_is_a_row_of_its_role(store: &Path) {
+    let calls = sql_rows(
+        store,
+        "SELECT task_id, episode, string_agg(agent || ':' || turn, ' ' ORDER BY node_id) FROM turns \
+         WHERE iteration = 0 GROUP BY 1, 2 ORDER BY 1, 2",
+    );
+    assert_eq!(calls.len(), 4, "2 tasks × 2 episodes: {calls:?}");
+    assert!(calls.iter().all(|c| c.ends_with(",solver:0 solver:1 checker:0")), "{calls:?}");
+    let exact = sql_rows(
+        store,
+        "SELECT count(*) FROM turns WHERE array_length(response_logprobs) = array_length(response_tokens) \
+         AND array_length(response_tokens) > 0 AND failure IS NULL",
+    );
+    assert_eq!(exact, ["12"]);
+    // The checker's local reward is the team's; the policies each trained their role.
+    let checkers =
+        sql_rows(store, "SELECT count(*) FROM turns WHERE agent = 'checker' AND local_reward != team_reward");
+    assert_eq!(checkers, ["0"]);
+    let trained = sql_rows(store, "SELECT policy, weights_change > 0 FROM updates ORDER BY 1");
+    assert_eq!(trained, ["checker,true", "solver,true"]);
+}
+
+#[test]
+fn an_agent_program_trains_through_the_endpoint_each_call_a_row_of_its_role() {
+    let dir = tempfile::tempdir().unwrap();
+    run_ok(&team_run(dir.path(), "plain_http.py", &fixture("hf-tiny-qwen3")), dir.path());
+    let store = dir.path().join("run");
+    assert_each_call_is_a_row_of_its_role(&store);
+    let (rows, continued) = continued_prompts(&store);
+    assert_eq!(rows, 4);
+    // The toy model's replies may be cut by Qwen3's template (it strips leading newlines
+    // of earlier replies), which is not a continuation: most are.
+    assert!(continued >= 2, "{continued} of {rows}");
+    let tasks = sql_rows(&store, "SELECT instance FROM tasks WHERE task_id LIKE '%/train/%' LIMIT 1");
+    assert!(tasks[0].contains("answer") && tasks[0].contains("What is"), "the whole row is the task: {tasks:?}");
+    assert!(!sql_rows(&store, "SELECT mode FROM evals WHERE mode = 'multi_agent'").is_empty());
+}
+
+/// A program that misbehaves as its task says.
+const MISBEHAVING: &str = r#"
+import json, os, sys, time, urllib.request, urllib.error
+task = json.loads(os.environ["PETTING_TASK"])
+def chat(role, text):
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": role, "messages": [{"role": "user", "content": text}]}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return json.load(response)["choices"][0]["message"]["content"]
+    except urllib.error.HTTPError as e:
+        print(e.read().decode(), file=sys.stderr)
+        return ""
+mode = task["mode"]
+chat("solver", "What is 2 + 2?")
+if mode == "crash":
+    raise RuntimeError("the framework fell over")
+if mode == "hang":
+    time.sleep(60)
+if mode == "unknown_role":
+    chat("critic", "hello")
+if mode == "long_prompt":
+    chat("checker", "many words " * 2000)
+if mode == "silent":
+    sys.exit(0)
+print("the answer is 4" if mode == "malformed" else json.dumps({"reward": 1.0}))
+"#;
+
+#[test]
+fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("misbehaving.py"), MISBEHAVING).unwrap();
+    let modes = ["ok", "crash", "hang", "silent", "malformed", "unknown_role", "long_prompt"];
+    let rows: Vec<String> = modes.iter().map(|m| format!("{{\"id\": \"{m}\", \"mode\": \"{m}\"}}")).collect();
+    std::fs::write(dir.path().join("train.jsonl"), rows.join("\n")).unwrap();
+    std::fs::write(dir.path().join("test.jsonl"), "{\"id\": \"t\", \"mode\": \"ok\"}\n").unwrap();
+    let file = team_run(dir.path(), "misbehaving.py", &fixture("hf-tiny-qwen3"))
+        .set(
+            "env",
+            &format!(
+                "{{name: agent_program, command: [python, misbehaving.py], workdir: {}, timeout_seconds: 8}}",
+                dir.path().display()
+            ),
+        )
+        .set("data", "{train_tasks: 7, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
+        .set("rollout.tasks_per_iteration", "7")
+        .set("rollout.episodes_per_task", "1")
+        .set("rollout.max_prompt_tokens", "512")
+        .set("evaluation.tasks", "1");
+    run_ok(&file, dir.path());
+    let store = dir.path().join("run");
+    let failed =
+        sql_rows(&store, "SELECT replace(failed_episodes, chr(10), ' | ') FROM commits WHERE stage = 'rollout'");
+    let failed: Vec<&str> = failed[0].trim_matches('"').split(" | ").collect();
+    let expected = [
+        ("crash", "the program failed (exit status: 1)"),
+        ("hang", "ran past env.timeout_seconds (8 s) and was killed"),
+        ("silent", "printed no verdict"),
+        ("malformed", "the program's last line is not a verdict"),
+        ("unknown_role", "critic"),
+        ("unknown_role", "`model` must be one of the agents (checker, solver)"),
+        ("long_prompt", "over the limit of 512 (max_prompt_tokens)"),
+    ];
+    assert_eq!(failed.len(), 6, "{failed:?}");
+    for (mode, reason) in expected {
+        assert!(
+            failed.iter().any(|f| f.contains(&format!("-{mode}/e0: ")) && f.contains(reason)),
+            "{mode}: {failed:?}"
+        );
+    }
+    // The crash's reason keeps the end of its stderr; its call is a row with no reward.
+    let crash = sql_rows(&store, "SELECT failure, team_reward FROM turns WHERE task_id LIKE '%-crash'").join("\n");
+    assert!(crash.contains("RuntimeError: the framework fell over") && crash.ends_with(",0.0"), "{crash}");
+    let ok = sql_rows(&store, "SELECT team_reward, failure IS NULL FROM turns WHERE task_id LIKE '%-ok'");
+    assert_eq!(ok, ["1.0,true"]);
+    assert_eq!(sql_rows(&store, "SELECT count(*) FROM updates WHERE policy = 'solver'"), ["1"]);
+}
+
+#[test]
+fn a_stage_whose_every_program_fails_commits_nothing_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("crash.py"), "raise SystemExit('no framework here')\n").unwrap();
+    let file = team_run(dir.path(), "crash.py", &fixture("hf-tiny-qwen3")).set(
+        "env",
+        &format!("{{name: agent_program, command: [python, crash.py], workdir: {}}}", dir.path().display()),
+    );
+    let path = file.write(&dir.path().join("run.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("episodes of the agent program failed; the first, of task"), "{stderr}");
+    assert!(stderr.contains("no framework here"), "{stderr}");
+    let played =
+        sql_rows(&dir.path().join("run"), "SELECT count(*) FROM commits WHERE stage IN ('rollout', 'evaluate')");
+    assert_eq!(played, ["0"], "nothing of the failed stage is committed");
+}
+
+#[test]
+fn tree_sampling_is_refused_for_an_agent_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = team_run(dir.path(), "plain_http.py", &fixture("hf-tiny-qwen3"))
+        .set("rollout", "{mode: tree, branches: 2, tasks_per_iteration: 2}");
+    let path = file.write(&dir.path().join("run.yaml"));
+    let (ok, stdout, stderr) = run(&["config", "check", &path]);
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("an agent program cannot be forked mid-episode"), "{stderr}");
+}
+
+/// SmolLM2-135M-Instruct with a LoRA adapter per role, as examples/agent_programs/team.yaml.
+fn smollm2_team(dir: &Path, program: &str) -> PathBuf {
+    let file = team_run(dir, program, &crate::real_model::smollm2())
+        .set("policies.solver.lora", "{rank: 8, alpha: 16}")
+        .set("policies.checker.lora", "{rank: 8, alpha: 16}")
+        .set("rollout.sampling", "{temperature: 0.7, max_new_tokens: 16}")
+        .set("evaluation.sampling", "{temperature: 0.0, max_new_tokens: 16}");
+    run_ok(&file, dir);
+    dir.join("run")
+}
+
+#[test]
+fn a_plain_http_team_trains_smollm2_with_the_exact_tokens_it_sampled() {
+    if !full_suite("a_plain_http_team_trains_smollm2_with_the_exact_tokens_it_sampled") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = smollm2_team(dir.path(), "plain_http.py");
+    assert_each_call_is_a_row_of_its_role(&store);
+    // SmolLM2's template renders earlier replies as they were: every continued
+    // conversation reuses the sampled ids.
+    assert_eq!(continued_prompts(&store), (4, 4));
+}
+
+#[test]
+fn teams_written_in_agent_frameworks_train_through_the_endpoint() {
+    if !full_suite("teams_written_in_agent_frameworks_train_through_the_endpoint") {
+        return;
+    }
+    for program in ["openai_client.py", "openai_agents_team.py", "langgraph_team.py", "autogen_team.py"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = smollm2_team(dir.path(), program);
+        let roles = sql_rows(&store, "SELECT agent, count(*) FROM turns GROUP BY 1 ORDER BY 1");
+        assert_eq!(roles, ["checker,4", "solver,8"], "{program}");
+        let failed = sql_rows(&store, "SELECT count(*) FROM turns WHERE failure IS NOT NULL");
+        assert_eq!(failed, ["0"], "{program}");
+    }
+}
