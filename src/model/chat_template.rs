@@ -274,4 +274,25 @@ mod tests {
         let opts = TemplateOptions { enable_thinking: Some(false), ..Default::default() };
         assert_eq!(t.render(&[], &opts).unwrap(), "False", "Jinja2 prints Python booleans");
     }
+
+    #[test]
+    fn a_clients_tools_and_tool_calls_reach_a_template_that_uses_them() {
+        let t = ChatTemplate::new(
+            "{% for tool in tools %}[{{ tool.function.name }}]{% endfor %}\
+             {% for m in messages %}{% for call in m.tool_calls or [] %}<{{ call.function.arguments }}>{% endfor %}\
+             {% if m.tool_call_id %}({{ m.content }}){% endif %}{% endfor %}",
+            vec![],
+        )
+        .unwrap();
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "add", "parameters": {}}}]);
+        let messages = serde_json::json!([
+            {"role": "user", "content": "1 + 2?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "3"},
+        ]);
+        let options = TemplateOptions::default();
+        assert_eq!(t.render_json(&messages, Some(&tools), &options).unwrap(), "[add]<{\"a\": 1}>(3)");
+        assert_eq!(t.render_json(&messages, None, &options).unwrap(), "<{\"a\": 1}>(3)");
+    }
 }

@@ -28,7 +28,7 @@ policies:
   checker: {{model: {model}, optimizer: {{lr: 1.0e-3}}}}
 rollout: {{mode: independent, episodes_per_task: 2, tasks_per_iteration: 2, sampling: {{temperature: 1.0, max_new_tokens: 8}}}}
 algorithm: {{name: at_grpo, filter: {{drop_degenerate: false}}}}
-evaluation: {{tasks: 2, modes: [multi_agent], sampling: {{max_new_tokens: 8}}}}
+evaluation: {{tasks: 2, modes: [multi_agent], at_start: false, sampling: {{max_new_tokens: 8}}}}
 ",
         store = dir.join("run").display(),
         examples = examples().display(),
@@ -37,9 +37,11 @@ evaluation: {{tasks: 2, modes: [multi_agent], sampling: {{max_new_tokens: 8}}}}
     ))
 }
 
-fn run_ok(file: &RunFile, dir: &Path) {
+fn run_ok(file: &RunFile, dir: &Path, until: Option<&str>) {
     let path = file.write(&dir.join("run.yaml"));
-    let (ok, stdout, stderr) = run(&["pipeline", "run", &path]);
+    let mut args = vec!["pipeline", "run", &path];
+    args.extend(until.iter().flat_map(|stage| ["--until", stage]));
+    let (ok, stdout, stderr) = run(&args);
     assert!(ok, "{stdout}\n{stderr}");
 }
 
@@ -83,7 +85,7 @@ fn assert_each_call_is_a_row_of_its_role(store: &Path) {
 #[test]
 fn an_agent_program_trains_through_the_endpoint_each_call_a_row_of_its_role() {
     let dir = tempfile::tempdir().unwrap();
-    run_ok(&team_run(dir.path(), "plain_http.py", &fixture("hf-tiny-qwen3")), dir.path());
+    run_ok(&team_run(dir.path(), "plain_http.py", &fixture("hf-tiny-qwen3")), dir.path(), None);
     let store = dir.path().join("run");
     assert_each_call_is_a_row_of_its_role(&store);
     let (rows, continued) = continued_prompts(&store);
@@ -146,7 +148,7 @@ fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
         .set("rollout.episodes_per_task", "1")
         .set("rollout.max_prompt_tokens", "512")
         .set("evaluation.tasks", "1");
-    run_ok(&file, dir.path());
+    run_ok(&file, dir.path(), None);
     let store = dir.path().join("run");
     let failed =
         sql_rows(&store, "SELECT replace(failed_episodes, chr(10), ' | ') FROM commits WHERE stage = 'rollout'");
@@ -204,14 +206,15 @@ fn tree_sampling_is_refused_for_an_agent_program() {
     assert!(stderr.contains("an agent program cannot be forked mid-episode"), "{stderr}");
 }
 
-/// SmolLM2-135M-Instruct with a LoRA adapter per role, as examples/agent_programs/team.yaml.
-fn smollm2_team(dir: &Path, program: &str) -> PathBuf {
+/// SmolLM2-135M-Instruct with a LoRA adapter per role, as examples/agent_programs/team.yaml,
+/// run `until` a stage (or to the end).
+fn smollm2_team(dir: &Path, program: &str, until: Option<&str>) -> PathBuf {
     let file = team_run(dir, program, &crate::real_model::smollm2())
         .set("policies.solver.lora", "{rank: 8, alpha: 16}")
         .set("policies.checker.lora", "{rank: 8, alpha: 16}")
         .set("rollout.sampling", "{temperature: 0.7, max_new_tokens: 16}")
         .set("evaluation.sampling", "{temperature: 0.0, max_new_tokens: 16}");
-    run_ok(&file, dir);
+    run_ok(&file, dir, until);
     dir.join("run")
 }
 
@@ -221,7 +224,7 @@ fn a_plain_http_team_trains_smollm2_with_the_exact_tokens_it_sampled() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let store = smollm2_team(dir.path(), "plain_http.py");
+    let store = smollm2_team(dir.path(), "plain_http.py", None);
     assert_each_call_is_a_row_of_its_role(&store);
     // SmolLM2's template renders earlier replies as they were: every continued
     // conversation reuses the sampled ids.
@@ -233,9 +236,10 @@ fn teams_written_in_agent_frameworks_train_through_the_endpoint() {
     if !full_suite("teams_written_in_agent_frameworks_train_through_the_endpoint") {
         return;
     }
+    // The plain HTTP team above trains end to end; these play one rollout each.
     for program in ["openai_client.py", "openai_agents_team.py", "langgraph_team.py", "autogen_team.py"] {
         let dir = tempfile::tempdir().unwrap();
-        let store = smollm2_team(dir.path(), program);
+        let store = smollm2_team(dir.path(), program, Some("group:0"));
         let roles = sql_rows(&store, "SELECT agent, count(*) FROM turns GROUP BY 1 ORDER BY 1");
         assert_eq!(roles, ["checker,4", "solver,8"], "{program}");
         let failed = sql_rows(&store, "SELECT count(*) FROM turns WHERE failure IS NOT NULL");
