@@ -43,13 +43,11 @@ impl Responder for ModelResponder<'_> {
     }
 
     fn chat_text(&mut self, name: &str, messages: &Value, tools: Option<&Value>) -> Result<String, Error> {
-        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
-        Ok(policy.chat_text(messages, tools)?)
+        chat_text(self.policies, name, messages, tools)
     }
 
     fn encode(&mut self, name: &str, text: &str) -> Result<Vec<i64>, Error> {
-        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
-        Ok(policy.require_tokenizer()?.encode(text, false)?)
+        encode(self.policies, name, text)
     }
 
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
@@ -120,6 +118,21 @@ fn render(
     Ok(prompts.iter().map(one).collect::<Result<_, _>>()?)
 }
 
+fn chat_text(
+    policies: &mut LoadedPolicies,
+    name: &str,
+    messages: &Value,
+    tools: Option<&Value>,
+) -> Result<String, Error> {
+    let (policy, _) = policies.model(name).ok_or_else(|| not_loaded(name))?;
+    Ok(policy.chat_text(messages, tools)?)
+}
+
+fn encode(policies: &mut LoadedPolicies, name: &str, text: &str) -> Result<Vec<i64>, Error> {
+    let (policy, _) = policies.model(name).ok_or_else(|| not_loaded(name))?;
+    Ok(policy.require_tokenizer()?.encode(text, false)?)
+}
+
 /// Whether `text`, rendered as `policy` renders agent prompts, is at most `max_tokens`.
 fn fits(policy: &crate::model::LanguageModel, text: &str, max_tokens: usize) -> Result<bool, Error> {
     match policy.agent_prompt(text, max_tokens) {
@@ -154,13 +167,11 @@ impl Responder for VllmResponder<'_> {
     }
 
     fn chat_text(&mut self, name: &str, messages: &Value, tools: Option<&Value>) -> Result<String, Error> {
-        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
-        Ok(policy.chat_text(messages, tools)?)
+        chat_text(self.policies, name, messages, tools)
     }
 
     fn encode(&mut self, name: &str, text: &str) -> Result<Vec<i64>, Error> {
-        let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
-        Ok(policy.require_tokenizer()?.encode(text, false)?)
+        encode(self.policies, name, text)
     }
 
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
