@@ -32,7 +32,9 @@ const FOLDED_CHARS: usize = 100;
 /// the update trained them with (candidates of filtered groups have none).
 pub fn render(turns: &[TurnRow], advantages: &HashMap<String, f64>, options: RenderOptions) -> String {
     let mut sorted: Vec<&TurnRow> = turns.iter().collect();
-    sorted.sort_by_key(|t| (t.episode, t.turn, t.node_id));
+    // Node ids grow step by step, so this is the order the turns were played in (for an
+    // agent program, the order of its calls).
+    sorted.sort_by_key(|t| (t.episode, t.node_id));
     let mut out = String::new();
     for group in sorted.chunk_by(|a, b| (a.episode, a.turn, &a.agent) == (b.episode, b.turn, &b.agent)) {
         render_group(&mut out, group, advantages, options);
