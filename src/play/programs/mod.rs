@@ -69,13 +69,10 @@ pub enum Event {
 struct Episode {
     task_index: usize,
     episode_index: u32,
-    /// The running program's process group and when it must have ended.
+    /// The running program's process group and when it started.
     running: Option<(i32, Instant)>,
-    /// When it started.
-    launched: Option<Instant>,
     /// Killed for running past its deadline.
     killed: bool,
-    sampled: Vec<Sampled>,
     calls: Vec<AnsweredCall>,
     failure: Option<String>,
     verdict: Option<Verdict>,
@@ -88,6 +85,20 @@ struct AnsweredCall {
     seed: u64,
     message: String,
     reply: Reply,
+}
+
+impl AnsweredCall {
+    /// The call as a later call of the episode may continue it.
+    fn sampled<'a>(&'a self, policy: &'a str) -> Sampled<'a> {
+        let reply = &self.reply;
+        Sampled {
+            policy,
+            prompt_text: &reply.prompt_text,
+            prompt_ids: &reply.prompt_tokens,
+            reply_text: &reply.text,
+            response_ids: &reply.tokens,
+        }
+    }
 }
 
 /// A call rendered and waiting for its batch.
@@ -113,9 +124,7 @@ pub fn play(
                 task_index,
                 episode_index,
                 running: None,
-                launched: None,
                 killed: false,
-                sampled: Vec::new(),
                 calls: Vec::new(),
                 failure: None,
                 verdict: None,
@@ -153,14 +162,14 @@ impl Dispatcher<'_> {
         loop {
             let running = episodes.iter().filter(|e| e.running.is_some()).count();
             if running < self.programs.config.concurrency as usize && next < episodes.len() {
-                self.launch(episodes, next, timeout);
+                self.launch(episodes, next);
                 next += 1;
                 continue;
             }
             if running == 0 && next == episodes.len() {
                 return Ok(());
             }
-            let deadline = episodes.iter().filter_map(|e| e.running.map(|(_, d)| d)).min();
+            let deadline = episodes.iter().filter_map(|e| Some(e.running?.1 + timeout)).min();
             let starting = awaited_first_call(episodes, &waiting);
             let wake = match (waiting.is_empty(), starting) {
                 (true, _) => deadline,
@@ -202,7 +211,7 @@ impl Dispatcher<'_> {
     }
 
     /// Starts episode `index`'s program; one that cannot start has failed.
-    fn launch(&self, episodes: &mut [Episode], index: usize, timeout: Duration) {
+    fn launch(&self, episodes: &mut [Episode], index: usize) {
         let episode = &mut episodes[index];
         let (task_id, row) = &self.programs.tasks[episode.task_index];
         let url = self.endpoint.base_url(index);
@@ -224,8 +233,7 @@ impl Dispatcher<'_> {
             .process_group(0);
         match command.spawn() {
             Ok(child) => {
-                episode.running = Some((child.id() as i32, Instant::now() + timeout));
-                episode.launched = Some(Instant::now());
+                episode.running = Some((child.id() as i32, Instant::now()));
                 watch(child, index, self.events.clone());
             }
             Err(e) => {
@@ -253,7 +261,8 @@ impl Dispatcher<'_> {
             return refuse(episode, call, Refusal::new(404, message));
         };
         let policy = self.setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?.clone();
-        let (text, ids) = match render(self.responder, &policy, &call.request, &episode.sampled) {
+        let sampled = episode.calls.iter().map(|c| c.sampled(&self.setup.policies[&c.agent]));
+        let (text, ids) = match render(self.responder, &policy, &call.request, sampled) {
             Ok(rendered) => rendered,
             Err(e) => return refuse(episode, call, Refusal::new(400, format!("cannot render the prompt: {e}"))),
         };
@@ -302,13 +311,6 @@ impl Dispatcher<'_> {
                     completion_tokens: reply.tokens.len(),
                     finish_reason: reply.finish_reason.clone(),
                 };
-                episode.sampled.push(Sampled {
-                    policy: policy.clone(),
-                    prompt_text: reply.prompt_text.clone(),
-                    prompt_ids: reply.prompt_tokens.iter().map(|&t| t as i64).collect(),
-                    reply_text: reply.text.clone(),
-                    response_ids: reply.tokens.iter().map(|&t| t as i64).collect(),
-                });
                 let message = match &w.call.request {
                     Request::Chat { messages, .. } => messages.to_string(),
                     Request::Completion { prompt } => prompt.clone(),
@@ -347,15 +349,15 @@ impl Dispatcher<'_> {
 fn awaited_first_call(episodes: &[Episode], waiting: &[Waiting]) -> Option<Instant> {
     let silent = |i: usize, e: &Episode| e.calls.is_empty() && !waiting.iter().any(|w| w.call.episode == i);
     let started = episodes.iter().enumerate().filter(|(i, e)| e.running.is_some() && silent(*i, e));
-    started.filter_map(|(_, e)| Some(e.launched? + STARTUP_WAIT)).filter(|until| *until > Instant::now()).min()
+    started.filter_map(|(_, e)| Some(e.running?.1 + STARTUP_WAIT)).filter(|until| *until > Instant::now()).min()
 }
 
 /// A call's prompt as the model sees it: (text, ids).
-fn render(
+fn render<'a>(
     responder: &mut dyn Responder,
     policy: &str,
     request: &Request,
-    sampled: &[Sampled],
+    sampled: impl IntoIterator<Item = Sampled<'a>>,
 ) -> Result<(String, Vec<i64>), crate::engine::Error> {
     match request {
         Request::Completion { prompt } => Ok((prompt.clone(), responder.encode(policy, prompt)?)),
@@ -397,6 +399,7 @@ fn read_tail(mut reader: impl Read, keep: usize) -> String {
             kept.drain(..kept.len() - keep);
         }
     }
+    kept.drain(..kept.len().saturating_sub(keep));
     String::from_utf8_lossy(&kept).into_owned()
 }
 
@@ -414,8 +417,8 @@ fn stderr_tail(stderr: &str) -> String {
 fn time_out(episodes: &mut [Episode], timeout: Duration) {
     let now = Instant::now();
     for episode in episodes.iter_mut().filter(|e| !e.killed) {
-        let Some((group, deadline)) = episode.running else { continue };
-        if now >= deadline {
+        let Some((group, launched)) = episode.running else { continue };
+        if now >= launched + timeout {
             kill_group(group);
             episode.killed = true;
             let seconds = timeout.as_secs_f64();
