@@ -189,26 +189,26 @@ fn play_alone(
     play(&games(config, tasks).unwrap(), &setup, responder, &sandbox, &petting::progress::Quiet).unwrap()
 }
 
-/// Replies `#### <the reference answer>` to the first prompt of each pair, a wrong
-/// answer to the second.
-struct Answering(Vec<(String, String)>);
+/// Replies `reply(prompt, first)` to each prompt, `first` for the first of each pair.
+struct Pairs<F>(F);
 
-impl petting::engine::Responder for Answering {
+impl<F: FnMut(&petting::engine::Prompt, bool) -> String> petting::engine::Responder for Pairs<F> {
     fn respond(
         &mut self,
         _policy: &str,
         prompts: &[petting::engine::Prompt],
     ) -> Result<Vec<petting::engine::Reply>, petting::engine::Error> {
-        Ok(prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (_, answer) = self.0.iter().find(|(question, _)| p.text.contains(question.as_str())).unwrap();
-                let text = if i % 2 == 0 { format!("#### {answer}") } else { "#### 0.123".into() };
-                scripted(p, text)
-            })
-            .collect())
+        Ok(prompts.iter().enumerate().map(|(i, p)| scripted(p, (self.0)(p, i % 2 == 0))).collect())
     }
+}
+
+/// `#### <the reference answer>` to the first prompt of each pair, a wrong answer to the
+/// second.
+fn answering(questions: Vec<(String, String)>) -> Pairs<impl FnMut(&petting::engine::Prompt, bool) -> String> {
+    Pairs(move |p: &petting::engine::Prompt, first| {
+        let (_, answer) = questions.iter().find(|(question, _)| p.text.contains(question.as_str())).unwrap();
+        if first { format!("#### {answer}") } else { "#### 0.123".into() }
+    })
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn reasoning_gym_tasks_are_math_episodes_scored_by_the_datasets_own_scorer() {
             (instance["problem"].as_str().unwrap().to_string(), instance["answer"].as_str().unwrap().to_string())
         })
         .collect();
-    let played = play_alone(&config, &train, &mut Answering(questions));
+    let played = play_alone(&config, &train, &mut answering(questions));
     assert_eq!(played.candidates.len(), 8);
     for candidate in &played.candidates {
         let right = !candidate.reply.text.contains("0.123");
@@ -270,7 +270,7 @@ fn a_python_reward_function_scores_a_math_datasets_answers() {
             (instance["problem"].as_str().unwrap().to_string(), instance["answer"].as_str().unwrap().to_string())
         })
         .collect();
-    let played = play_alone(&config, &train, &mut Answering(questions));
+    let played = play_alone(&config, &train, &mut answering(questions));
     assert_eq!(played.candidates.len(), 4);
     for candidate in &played.candidates {
         let contrary = candidate.reply.text.contains("0.123");
@@ -278,24 +278,12 @@ fn a_python_reward_function_scores_a_math_datasets_answers() {
     }
 }
 
-/// Replies with a program marked good to the first prompt of each pair, bad to the second.
-struct Coding;
-
-impl petting::engine::Responder for Coding {
-    fn respond(
-        &mut self,
-        _policy: &str,
-        prompts: &[petting::engine::Prompt],
-    ) -> Result<Vec<petting::engine::Reply>, petting::engine::Error> {
-        Ok(prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let mark = if i % 2 == 0 { "good" } else { "bad" };
-                scripted(p, format!("```python\nprint('{mark}')\n```"))
-            })
-            .collect())
-    }
+/// A program marked good to the first prompt of each pair, bad to the second.
+fn coding() -> Pairs<impl FnMut(&petting::engine::Prompt, bool) -> String> {
+    Pairs(|_: &petting::engine::Prompt, first| {
+        let mark = if first { "good" } else { "bad" };
+        format!("```python\nprint('{mark}')\n```")
+    })
 }
 
 #[test]
@@ -318,7 +306,7 @@ fn a_python_reward_function_scores_a_code_datasets_programs_instead_of_its_tests
     std::fs::write(&path, &text).unwrap();
     let config = petting::config::load(&path).unwrap().resolved();
     let (train, _) = petting::stages::prepare_data::tasks(&config).unwrap();
-    let played = play_alone(&config, &train, &mut Coding);
+    let played = play_alone(&config, &train, &mut coding());
     assert_eq!(played.candidates.len(), 4);
     for candidate in &played.candidates {
         // Neither program passes a HumanEval test: only the function can score one 1.
