@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// its own team names them when the run starts.
 ///
 /// Agents order by name, as the config's `agents:` mapping and the tables list them.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, schemars::JsonSchema)]
 pub struct Agent(&'static str);
 
 impl Agent {

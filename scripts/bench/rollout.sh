@@ -49,7 +49,7 @@ YAML
 "$bin" pipeline run "$work/bench.yaml" --until rollout:0 "$@" > "$work/setup.log" 2>&1 || { cat "$work/setup.log" >&2; exit 1; }
 status=ok
 PETTING_LOG=petting::play::responder=info /usr/bin/time -v -o "$work/time" \
-    "$bin" stage rollout --run "$work/run" --iteration 0 > "$work/rollout.log" 2>&1 \
+    "$bin" stage rollout "$work/run" --iteration 0 > "$work/rollout.log" 2>&1 \
     || status="failed: $(grep -v '^\s*$' "$work/rollout.log" | tail -1)"
 rss_kib=$(awk -F': ' '/Maximum resident/ {print $2}' "$work/time")
 wall=$(awk -F': ' '/Elapsed/ {print $2}' "$work/time")

@@ -39,7 +39,7 @@ evaluation: {tasks: 1, samples: 1, sampling: {max_new_tokens: 4}}
 YAML
 "$bin" pipeline run "$work/bench.yaml" --until update:0 "$@" > "$work/setup.log" 2>&1 || { cat "$work/setup.log" >&2; exit 1; }
 status=ok
-/usr/bin/time -v -o "$work/time" "$bin" stage update --run "$work/run" --iteration 0 > "$work/update.log" 2>&1 || status="failed: $(grep -v '^\s*$' "$work/update.log" | tail -1)"
+/usr/bin/time -v -o "$work/time" "$bin" stage update "$work/run" --iteration 0 > "$work/update.log" 2>&1 || status="failed: $(grep -v '^\s*$' "$work/update.log" | tail -1)"
 rss_kib=$(awk -F': ' '/Maximum resident/ {print $2}' "$work/time")
 wall=$(awk -F': ' '/Elapsed/ {print $2}' "$work/time")
 tokens=$("$bin" sql "$work/run" "SELECT sum(cardinality(prompt_tokens) + cardinality(response_tokens)) FROM turns" --format csv | tail -1)

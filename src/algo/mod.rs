@@ -21,7 +21,7 @@ use crate::validate::{Invalid, check};
 pub use grouping::{Grouping, mixed_reward, mixed_reward_sql};
 
 /// `algorithm:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlgorithmConfig {
     /// Advantage estimator.
@@ -44,7 +44,7 @@ pub struct AlgorithmConfig {
 }
 
 /// `algorithm.truncated`: how replies that ran into `max_new_tokens` train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Truncated {
     #[default]
@@ -95,7 +95,7 @@ impl AlgorithmConfig {
 }
 
 /// The advantage estimator, with the grouping and loss aggregation that go with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     /// Groups by (task, agent, turn), A = (r - mean) / (std + eps).
@@ -136,7 +136,7 @@ impl Algorithm {
 }
 
 /// Which groups the update trains on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GroupFilter {
     /// Drop groups whose rewards are all equal (no learning signal). Off by default: kept,

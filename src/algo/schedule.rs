@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The learning rate's course after the warm-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
     #[default]

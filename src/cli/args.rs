@@ -11,10 +11,28 @@ use clap::{Parser, Subcommand, ValueEnum};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// More log lines on stderr (-v: info, -vv: debug); `PETTING_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors on stderr: no progress bars, no warnings.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+}
+
+/// How a command that prints a table or a summary prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Format {
+    /// For people.
+    #[default]
+    Text,
+    /// For programs: one JSON document.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Write a commented run file to start from (`petting init math my-run`).
+    Init(InitArgs),
     /// Run a pipeline.
     #[command(subcommand)]
     Pipeline(PipelineCommand),
@@ -27,6 +45,8 @@ pub enum Command {
     Sql(SqlArgs),
     /// Show which stages of a run are committed, per iteration.
     Status(RunArgs),
+    /// List the runs under a local folder or an object-store prefix, with their state.
+    Runs(RunsArgs),
     /// Show one task's sampling tree: every candidate per turn and agent, with rewards,
     /// advantages, the selected branch, responses and feedback.
     Show(ShowArgs),
@@ -52,6 +72,55 @@ pub enum Command {
     /// Inspect, run and import policy models (Hugging Face folders).
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Check this machine for what petting uses: libtorch and CUDA, GPUs, Python and its
+    /// packages, a vLLM server, free disk.
+    Doctor(DoctorArgs),
+    /// Print a shell completion script (`petting completions bash > ~/.local/share/bash-completion/completions/petting`).
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    /// What the run file trains.
+    #[arg(value_enum, default_value_t = Template::PlanPath)]
+    pub template: Template,
+    /// The folder to write `iteration.yaml` into (made if missing).
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Template {
+    /// Plan-Path with a tool agent and a planner on the embedded default model.
+    PlanPath,
+    /// Arithmetic with a tool agent and a reasoner on SmolLM2-135M-Instruct.
+    Math,
+    /// HumanEval with a coder and a tester on Qwen2.5-Coder-0.5B-Instruct.
+    Code,
+    /// Tic-tac-toe self-play on the embedded default model.
+    TicTacToe,
+    /// A TextArena game (TicTacToe-v0) on SmolLM2-135M-Instruct.
+    Textarena,
+    /// A reasoning-gym dataset (basic_arithmetic) on SmolLM2-135M-Instruct.
+    ReasoningGym,
+    /// Your own agent program (a Python file written beside the run file) on SmolLM2-135M-Instruct.
+    AgentProgram,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunsArgs {
+    /// A local folder or a URL prefix (s3://bucket/runs, gs://…, az://…, file:///…).
+    pub prefix: String,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// A run file: also check its vLLM server and the free disk where its store is.
+    pub config: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }
 
 #[derive(Debug, Subcommand)]
@@ -165,8 +234,11 @@ pub struct PipelinePlanArgs {
     /// Split every rollout and evaluation into this many shards.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub shards: u32,
-    /// One JSON object per step: {"step", "after", "command"}.
-    #[arg(long)]
+    /// json: one JSON object per line and step, {"step", "after", "command"}.
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+    /// The same as --format json.
+    #[arg(long, hide = true)]
     pub json: bool,
 }
 
@@ -204,8 +276,11 @@ pub struct StageArgs {
     #[arg(value_enum)]
     pub stage: StageName,
     /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
-    #[arg(long)]
-    pub run: String,
+    #[arg(required_unless_present = "run_flag")]
+    pub run: Option<String>,
+    /// The run, as earlier versions named it.
+    #[arg(long = "run", hide = true, conflicts_with = "run")]
+    pub run_flag: Option<String>,
     /// The iteration, for per-iteration stages.
     #[arg(long)]
     pub iteration: Option<u32>,
@@ -243,6 +318,12 @@ pub enum StageName {
     Evaluate,
 }
 
+impl StageArgs {
+    pub fn run(&self) -> &str {
+        self.run.as_deref().or(self.run_flag.as_deref()).expect("clap requires one")
+    }
+}
+
 impl StageName {
     /// The stage it runs (`init` is the run-level update).
     pub fn stage(self) -> petting::store::Stage {
@@ -264,6 +345,18 @@ pub enum ConfigCommand {
     Check(ConfigArgs),
     /// Print an iteration.yaml with every default filled in.
     Show(ConfigArgs),
+    /// Print the run file's JSON Schema (for editors), or its reference as Markdown: every
+    /// key with its type, default and meaning.
+    Schema {
+        #[arg(long, value_enum, default_value_t = SchemaFormat::Json)]
+        format: SchemaFormat,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchemaFormat {
+    Json,
+    Markdown,
 }
 
 #[derive(Debug, clap::Args)]
@@ -283,6 +376,8 @@ pub struct ConfigArgs {
 pub struct RunArgs {
     /// The run: a local path, file:///path, s3://bucket/prefix, gs://…, az://…
     pub run: String,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }
 
 #[derive(Debug, clap::Args)]
@@ -443,4 +538,7 @@ pub struct CompareArgs {
     /// each run's final version.
     #[arg(long, value_name = "VERSION")]
     pub at: Option<u32>,
+    /// json: the table's cells, as compare.csv has them.
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }

@@ -1,6 +1,6 @@
 use petting::config::{self, LoadedConfig};
 
-use super::args::ConfigArgs;
+use super::args::{ConfigArgs, SchemaFormat};
 
 /// The file validated with its `--set` keys, and as a fork with `--from`.
 fn load(args: &ConfigArgs) -> anyhow::Result<LoadedConfig> {
@@ -42,5 +42,13 @@ pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
 pub fn show(args: &ConfigArgs) -> anyhow::Result<()> {
     let loaded = load(args)?;
     print!("{}", serde_saphyr::to_string(&loaded.config)?);
+    Ok(())
+}
+
+pub fn schema(format: SchemaFormat) -> anyhow::Result<()> {
+    match format {
+        SchemaFormat::Json => println!("{}", serde_json::to_string_pretty(&config::reference::json_schema())?),
+        SchemaFormat::Markdown => print!("{}", config::reference::markdown()),
+    }
     Ok(())
 }

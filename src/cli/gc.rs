@@ -2,7 +2,7 @@ use petting::config::Retention;
 use petting::policies::doomed_files;
 use petting::store::RunStore;
 
-use super::args::{GcArgs, PruneArgs};
+use super::args::{Format, GcArgs, PruneArgs};
 
 pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
@@ -24,10 +24,14 @@ pub async fn run(args: GcArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn verify(url: &str) -> anyhow::Result<()> {
+pub async fn verify(url: &str, format: Format) -> anyhow::Result<()> {
     let store = RunStore::open(url)?;
     store.ensure_exists().await?;
     let (checked, pruned) = store.verify().await?;
+    if format == Format::Json {
+        println!("{}", serde_json::json!({"run": store.url(), "checked": checked, "pruned": pruned}));
+        return Ok(());
+    }
     println!("{checked} committed files match their size and sha256");
     if pruned > 0 {
         println!("{pruned} committed files were pruned on purpose (see _pruned/)");

@@ -2,12 +2,16 @@
 
 mod args;
 mod config;
+mod doctor;
+mod exit;
 mod export;
 mod gc;
+mod init;
 mod model;
 mod pipeline;
 mod progress;
 mod report;
+mod runs;
 mod schema;
 mod show;
 mod sql;
@@ -40,8 +44,17 @@ pub fn main() -> ExitCode {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     quiet_out_of_memory_panics();
     let cli = Cli::parse();
+    let level = match (cli.quiet, cli.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "petting=info,warn",
+        (false, _) => "petting=debug,info",
+    };
+    if cli.quiet {
+        progress::hide();
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PETTING_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PETTING_LOG").unwrap_or_else(|_| level.into()))
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal: a log redirected to a file stays greppable.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -60,7 +73,7 @@ pub fn main() -> ExitCode {
                     shown = cause;
                 }
             }
-            ExitCode::FAILURE
+            ExitCode::from(exit::code(&error))
         }
     }
 }
@@ -72,15 +85,24 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Stage(args) => stage::run(args).await,
         Command::Config(ConfigCommand::Check(args)) => config::check(&args),
         Command::Config(ConfigCommand::Show(args)) => config::show(&args),
+        Command::Config(ConfigCommand::Schema { format }) => config::schema(format),
         Command::Sql(args) => sql::run(args).await,
-        Command::Status(args) => status::run(&args.run).await,
+        Command::Init(args) => init::run(&args),
+        Command::Status(args) => status::run(&args.run, args.format).await,
+        Command::Runs(args) => runs::run(&args).await,
+        Command::Doctor(args) => doctor::run(&args).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "petting", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Show(args) => show::run(args).await,
         Command::Export(args) => export::run(args).await,
         Command::Report(args) => report::run(args).await,
         Command::Compare(args) => report::compare(args).await,
         Command::Gc(args) => gc::run(args).await,
         Command::Prune(args) => gc::prune(args).await,
-        Command::Verify(args) => gc::verify(&args.run).await,
+        Command::Verify(args) => gc::verify(&args.run, args.format).await,
         Command::Schema(args) => schema::run(args.table.as_deref()),
         Command::Model(ModelCommand::Info { dir }) => model::info(&dir),
         Command::Model(ModelCommand::Generate(args)) => model::generate(args),

@@ -2,7 +2,7 @@ use petting::config;
 use petting::pipeline::{self, driver};
 use petting::store::{RunStore, Stage};
 
-use super::args::{PipelinePlanArgs, PipelineRunArgs};
+use super::args::{Format, PipelinePlanArgs, PipelineRunArgs};
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let draft = config::read(&args.config, &args.overrides)?;
@@ -60,9 +60,9 @@ pub fn plan(args: &PipelinePlanArgs) -> anyhow::Result<()> {
         let shards = if id.stage.runs_in_shards() { args.shards } else { 1 };
         for index in 0..shards {
             let mut command = match id.iteration {
-                None if id.stage == Stage::Update => format!("petting stage init --run {url}"),
-                None => format!("petting stage {} --run {url}", id.stage),
-                Some(k) => format!("petting stage {} --run {url} --iteration {k}", id.stage),
+                None if id.stage == Stage::Update => format!("petting stage init {url}"),
+                None => format!("petting stage {} {url}", id.stage),
+                Some(k) => format!("petting stage {} {url} --iteration {k}", id.stage),
             };
             let mut step = name(id);
             if shards > 1 {
@@ -73,7 +73,7 @@ pub fn plan(args: &PipelinePlanArgs) -> anyhow::Result<()> {
         }
     }
     for (step, after, command) in steps {
-        if args.json {
+        if args.json || args.format == Format::Json {
             let after: Vec<String> = after.into_iter().collect();
             println!("{}", serde_json::json!({"step": step, "after": after, "command": command}));
         } else {

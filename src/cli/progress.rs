@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,9 +12,23 @@ use petting::progress::Progress;
 /// How often a line is printed when stderr is not a terminal.
 const LINE_EVERY: Duration = Duration::from_secs(15);
 
+/// Set by `--quiet`.
+static HIDDEN: AtomicBool = AtomicBool::new(false);
+
+/// No progress for the rest of the process (`--quiet`).
+pub fn hide() {
+    HIDDEN.store(true, Ordering::Relaxed);
+}
+
 /// The reporter for this process's stderr.
 pub fn for_stderr() -> Box<dyn Progress> {
-    if std::io::stderr().is_terminal() { Box::new(Bar::default()) } else { Box::new(Lines::default()) }
+    if HIDDEN.load(Ordering::Relaxed) {
+        Box::new(petting::progress::Quiet)
+    } else if std::io::stderr().is_terminal() {
+        Box::new(Bar::default())
+    } else {
+        Box::new(Lines::default())
+    }
 }
 
 /// Counts of the phase under way.

@@ -4,7 +4,7 @@ use anyhow::Context;
 use petting::inspect::{compare, report};
 use petting::store::RunStore;
 
-use super::args::{CompareArgs, ReportArgs};
+use super::args::{CompareArgs, Format, ReportArgs};
 
 pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
     let store = RunStore::open(&args.run)?;
@@ -35,8 +35,32 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<()> {
         runs.push(run);
     }
     let table = compare::table(&runs, args.at);
-    print!("{}", compare::render(&table));
     let written = compare::write_comparison(&runs, &table, &args.output)?;
-    println!("wrote {} files into {}", written.files.len(), args.output.display());
+    match args.format {
+        Format::Text => {
+            print!("{}", compare::render(&table));
+            println!("wrote {} files into {}", written.files.len(), args.output.display());
+        }
+        Format::Json => println!("{}", serde_json::to_string_pretty(&cells(&table))?),
+    }
     Ok(())
+}
+
+/// The table's cells as compare.csv has them, one object each.
+fn cells(table: &compare::Table) -> serde_json::Value {
+    let mut cells = Vec::new();
+    for (index, (row, values)) in table.rows.iter().enumerate() {
+        for (task, cell) in values.iter().enumerate() {
+            let Some(c) = cell else { continue };
+            cells.push(serde_json::json!({
+                "method": row.label,
+                "task": table.tasks[task],
+                "success_mean": c.mean,
+                "success_std": c.std,
+                "seeds": c.seeds,
+                "delta_vs_single_agent": table.delta(index, task),
+            }));
+        }
+    }
+    serde_json::Value::Array(cells)
 }

@@ -6,7 +6,7 @@ use petting::store::{RunStore, StageId};
 use super::args::{StageArgs, StageName};
 
 pub async fn run(args: StageArgs) -> anyhow::Result<()> {
-    let store = RunStore::open(&args.run)?;
+    let store = RunStore::open(args.run())?;
     let config = petting::config::of_run(&store).await?;
     let at = |stage| -> anyhow::Result<StageId> {
         let k = args.iteration.context("this stage runs per iteration: give --iteration K")?;

@@ -1,11 +1,44 @@
 use comfy_table::{Table, presets};
 use petting::store::RunStore;
-use petting::store::status::{StageState, stage_statuses};
+use petting::store::status::{StageState, StageStatus, stage_statuses};
+use serde_json::json;
 
-pub async fn run(url: &str) -> anyhow::Result<()> {
+use super::args::Format;
+
+pub async fn run(url: &str, format: Format) -> anyhow::Result<()> {
     let store = RunStore::open(url)?;
     let markers = store.ensure_exists().await?;
-    println!("run {}", store.url());
+    let statuses = stage_statuses(&markers);
+    match format {
+        Format::Text => print_table(store.url(), &statuses),
+        Format::Json => {
+            let stages: Vec<_> = statuses.iter().map(as_json).collect();
+            println!("{}", serde_json::to_string_pretty(&json!({"run": store.url(), "stages": stages}))?);
+        }
+    }
+    Ok(())
+}
+
+fn as_json(status: &StageStatus) -> serde_json::Value {
+    let (state, shards) = match status.state {
+        StageState::Committed => ("committed", None),
+        StageState::Partial { committed, shards } => ("partial", Some(json!({"committed": committed, "of": shards}))),
+        StageState::Missing => ("missing", None),
+    };
+    json!({
+        "iteration": status.iteration,
+        "stage": status.stage.to_string(),
+        "state": state,
+        "shards": shards,
+        "rows": status.rows,
+        "files": status.files,
+        "bytes": status.bytes,
+        "seconds": status.seconds,
+    })
+}
+
+fn print_table(url: &str, statuses: &[StageStatus]) {
+    println!("run {url}");
     let mut table = Table::new();
     table.load_preset(presets::NOTHING).set_header([
         "iteration",
@@ -16,7 +49,7 @@ pub async fn run(url: &str) -> anyhow::Result<()> {
         "bytes",
         "seconds",
     ]);
-    for status in stage_statuses(&markers) {
+    for status in statuses {
         let state = match status.state {
             StageState::Committed => "committed".to_string(),
             StageState::Partial { committed, shards } => format!("{committed}/{shards} shards"),
@@ -35,5 +68,4 @@ pub async fn run(url: &str) -> anyhow::Result<()> {
         ]);
     }
     println!("{table}");
-    Ok(())
 }

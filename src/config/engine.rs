@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::validate::{Invalid, check};
 
 /// `rollout.engine` and `evaluation.engine`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
     /// petting's own sampler on the policy's device.
@@ -28,7 +28,7 @@ impl EngineKind {
 }
 
 /// `vllm:` in a run's config: the server that stages with `engine: vllm` sample through.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VllmConfig {
     /// Where the server answers, e.g. http://127.0.0.1:8000.

@@ -8,7 +8,7 @@ use crate::validate::{Invalid, check};
 use super::{EngineKind, OverlongPrompt};
 
 /// `evaluation:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EvaluationConfig {
     /// Evaluate after every N-th iteration (and after the last); 0 evaluates only after the last.
@@ -52,7 +52,7 @@ impl Default for EvaluationConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EvalMode {
     /// The environment's single-agent workflow, played by the first agent's policy.

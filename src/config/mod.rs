@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -30,6 +31,7 @@ use crate::workflows::{ALONE_OVER_TURNS, Agent, WorkflowConfig, WorkflowKind};
 mod engine;
 mod evaluation;
 mod policies;
+pub mod reference;
 mod renamed;
 mod rollout;
 mod update;
@@ -68,7 +70,7 @@ fn key_prefix(key: &Option<String>) -> String {
 }
 
 /// A whole run: `iteration.yaml`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
     /// Where the run lives: a local path, file:///path, s3://bucket/prefix, gs://…, az://… or memory://.
@@ -124,7 +126,7 @@ pub struct RunConfig {
 }
 
 /// A stored run and one of its iterations.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkConfig {
     /// The source run: a local path or a URL.
@@ -164,7 +166,7 @@ impl std::str::FromStr for ForkConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The policy (a key of `policies`) that plays this role.

@@ -9,7 +9,7 @@ use crate::model::{DType, Device, LoadOptions, LoraConfig, OptimizerConfig};
 use crate::validate::{Invalid, check};
 
 /// One entry of `policies:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
     /// Hugging Face folder of the base model (config.json, tokenizer.json, *.safetensors),
@@ -34,7 +34,7 @@ pub struct PolicyConfig {
 }
 
 /// Where a policy's v0 weights come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelInit {
     #[default]
@@ -72,7 +72,7 @@ impl PolicyConfig {
 
 /// Which checkpoints of each policy keep which files. Version 0 (the starting weights,
 /// which forks start from) and LoRA base folders are always kept whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Retention {
     /// The newest versions of each policy kept whole, weights and optimiser state. At

@@ -8,7 +8,7 @@ use crate::validate::{Invalid, check};
 use super::EngineKind;
 
 /// `rollout:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutConfig {
     /// Training tasks per iteration (B).
@@ -109,7 +109,7 @@ pub(super) fn check_kv_cache_gib(gib: Option<f64>, key: &str) -> Result<(), Inva
 }
 
 /// How candidates are sampled (`rollout.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RolloutMode {
     Tree,
@@ -117,7 +117,7 @@ pub enum RolloutMode {
 }
 
 /// Which of a tree node's candidates continues the trajectory (`rollout.select`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Selection {
     /// Highest mixed reward; ties go to the lowest branch.
@@ -127,7 +127,7 @@ pub enum Selection {
 }
 
 /// What a prompt longer than the limit does (`rollout.overlong_prompt`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OverlongPrompt {
     /// The stage fails, naming the limit.

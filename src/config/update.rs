@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::validate::{Invalid, check};
 
 /// `update:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpdateConfig {
     /// Passes over the iteration's samples.
@@ -76,6 +76,16 @@ impl Serialize for Recompute {
             Recompute::On => s.serialize_bool(true),
             Recompute::Off => s.serialize_bool(false),
         }
+    }
+}
+
+impl schemars::JsonSchema for Recompute {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Recompute".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"oneOf": [{"type": "boolean"}, {"const": "auto"}]})
     }
 }
 

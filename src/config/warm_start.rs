@@ -7,7 +7,7 @@ use crate::model::OptimizerConfig;
 use crate::validate::{Invalid, check};
 
 /// `warm_start:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct WarmStartConfig {
     /// Demonstrations generated from the environment's solver.

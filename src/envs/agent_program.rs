@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::agent::Agent;
 use crate::validate::{Invalid, check};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentProgramConfig {
     /// The program and its arguments, run in the run file's folder; a first word

@@ -7,7 +7,7 @@
 //!   write only that function and the harness around it does the input and output: it
 //!   reads the test's argument tuple before the reply's code runs, hides what that code
 //!   prints, and prints `repr` of the call. Small models asked to end a program with the
-//!   three driver lines copied only the lines, or left out `import ast` (RESULTS.md, code).
+//!   three driver lines copied only the lines, or left out `import ast` (results/code/README.md).
 //! * Reward: the fraction of hidden tests passed, each run in the sandbox with the
 //!   configured timeout; success when all pass. Outputs are compared after whitespace
 //!   normalisation (split on any whitespace, joined by one space). The episode's end is
@@ -22,7 +22,7 @@ use super::hosted::{HostSettings, Judge, PythonReward};
 use super::{Env, Error, Step};
 use crate::sandbox::{Program, Sandbox};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CodeConfig {
     /// Wall-clock limit of one test run, in seconds.

@@ -20,7 +20,7 @@ use super::{EnvConfig, Error, math};
 use crate::validate::{Invalid, check};
 
 /// Where tasks come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// Training tasks (generated, or the first N of the train file).
@@ -58,7 +58,7 @@ impl Default for DataConfig {
 }
 
 /// A user's JSONL or Parquet file and which of its columns hold what.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetFile {
     /// Path of the file, relative to this config file.
@@ -68,10 +68,11 @@ pub struct DatasetFile {
     pub format: Option<DatasetFormat>,
     /// Column of the file for each field the environment reads (e.g. problem: question).
     #[serde(default)]
+    #[schemars(schema_with = "columns_schema")]
     pub columns: BTreeMap<DatasetField, String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetFormat {
     Jsonl,
@@ -79,7 +80,7 @@ pub enum DatasetFormat {
 }
 
 /// A field an environment reads from a dataset row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetField {
     Id,
@@ -101,6 +102,44 @@ pub struct Record<I> {
     pub instance: I,
     /// A reference solution, when the file has one.
     pub solution: Option<String>,
+}
+
+impl DatasetField {
+    const ALL: [DatasetField; 7] = [
+        DatasetField::Id,
+        DatasetField::Problem,
+        DatasetField::Answer,
+        DatasetField::Tests,
+        DatasetField::PublicTests,
+        DatasetField::Solution,
+        DatasetField::EntryPoint,
+    ];
+
+    /// What the field is, for the configuration reference.
+    fn meaning(self) -> &'static str {
+        match self {
+            DatasetField::Id => "the task's id (the row number when the file has none)",
+            DatasetField::Problem => "the problem text",
+            DatasetField::Answer => "the expected answer (math)",
+            DatasetField::Tests => "the hidden tests a program is scored on (code)",
+            DatasetField::PublicTests => "tests shown in the prompt (code)",
+            DatasetField::Solution => "a reference solution",
+            DatasetField::EntryPoint => "the function the tests call (code)",
+        }
+    }
+}
+
+/// `columns` as the reference documents it: a key per field (the map's keys are fields).
+fn columns_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let properties: Map<String, Value> = DatasetField::ALL
+        .iter()
+        .map(|&f| {
+            let name = field_name(f);
+            let meaning = format!("The column holding {} (default: `{name}`).", f.meaning());
+            (name.to_string(), serde_json::json!({"type": "string", "description": meaning}))
+        })
+        .collect();
+    schemars::json_schema!({"type": "object", "additionalProperties": false, "properties": properties})
 }
 
 fn field_name(field: DatasetField) -> &'static str {

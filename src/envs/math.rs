@@ -27,7 +27,7 @@ use super::hosted::{HostSettings, Judge, PythonReward};
 use super::{Env, Error, Step, after_marker};
 use crate::sandbox::Sandbox;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MathConfig {
     /// Relative tolerance for numeric equality of answers.

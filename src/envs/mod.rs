@@ -35,14 +35,20 @@ pub use sudoku::{Sudoku, SudokuConfig};
 pub use tic_tac_toe::{TicTacToe, TicTacToeConfig};
 
 /// The environment, chosen by `name`, with its own parameters beside it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum EnvConfig {
+    /// Plan-Path: a shortest path on a grid with walls, generated.
     PlanPath(PlanPathConfig),
+    /// Sudoku puzzles, generated.
     Sudoku(SudokuConfig),
+    /// Sokoban puzzles, generated.
     Sokoban(SokobanConfig),
+    /// Tic-tac-toe between two players.
     TicTacToe(TicTacToeConfig),
+    /// Math problems from dataset files, answers checked against the file's.
     Math(MathConfig),
+    /// Programming problems from dataset files, programs run against hidden tests.
     Code(CodeConfig),
     /// A TextArena game, hosted.
     #[serde(rename = "textarena")]

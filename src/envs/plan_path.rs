@@ -27,7 +27,7 @@ use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
 use crate::validate::{Invalid, check, check_probability};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PlanPathConfig {
     /// Grid side length.
@@ -52,7 +52,7 @@ impl Default for PlanPathConfig {
 }
 
 /// Choice-level imperfection of the Plan-Path demonstrations (shares must sum to 1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PlanPathDemonstrations {
     /// Share of tool programs that call `bfs` (always right).

@@ -23,7 +23,7 @@ use super::{Env, Error, Step};
 use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SokobanConfig {
     /// Side of the room, walls included.

@@ -20,7 +20,7 @@ use crate::rng::SplitMix64;
 use crate::sandbox::Sandbox;
 use crate::validate::{Invalid, check};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SudokuConfig {
     /// Side of the grid (a square number: 4 or 9).

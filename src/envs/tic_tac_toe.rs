@@ -16,14 +16,14 @@ use super::{Env, Error, Step, after_marker};
 use crate::rng::{SplitMix64, stream};
 use crate::sandbox::Sandbox;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TicTacToeConfig {
     /// Opponent of the trained player at evaluation.
     pub eval_opponent: Opponent,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Opponent {
     /// The trained policy plays both sides.
@@ -173,7 +173,7 @@ impl TicTacToe {
     /// The cell the answer format's example shows: a taken cell whenever the board has
     /// one, drawn from the position. A fixed example (`#### 1,2`) became the players'
     /// favourite move, and one drawn from all cells still made "copy the example" a
-    /// fixed policy that the trained players settled on (RESULTS.md, tic-tac-toe).
+    /// fixed policy that the trained players settled on (results/tic-tac-toe-smollm2/README.md).
     /// Copying a taken cell loses the game, so the format is learnt without a move.
     pub fn example_cell(&self) -> usize {
         let position = self.cells.iter().fold(0u64, |key, cell| key * 3 + cell.map_or(0, |mark| mark as u64 + 1));

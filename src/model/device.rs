@@ -32,7 +32,7 @@ impl Device {
             return Err(format!(
                 "device {self}: this petting binary was built against the CPU libtorch; build the CUDA one with \
                  `scripts/install/libtorch.sh cuda` and `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir target-cuda` \
-                 (README, \"Running on a GPU\"), or set the device to cpu"
+                 (docs/gpu.md), or set the device to cpu"
             ));
         }
         let count = tch::Cuda::device_count().max(0) as usize;
@@ -53,6 +53,16 @@ impl Serialize for Device {
     }
 }
 
+impl schemars::JsonSchema for Device {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Device".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "pattern": "^(cpu|cuda(:[0-9]+)?)$"})
+    }
+}
+
 impl<'de> Deserialize<'de> for Device {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Device, D::Error> {
         let text = String::deserialize(d)?;
@@ -65,7 +75,7 @@ impl<'de> Deserialize<'de> for Device {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F32,

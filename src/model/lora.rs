@@ -22,7 +22,7 @@ use crate::rng::{combine, tensor_key, uniform_tensor};
 use crate::validate::{Invalid, check};
 
 /// `lora:` of a policy: train a low-rank adapter on a frozen base.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoraConfig {
     /// Rank of the low-rank update.

@@ -19,7 +19,7 @@ use crate::rng::{Counter, unit_f64};
 use crate::validate::{Invalid, check};
 
 /// `sampling:` of `rollout` and `evaluation` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SamplingConfig {
     /// Softmax temperature; 0 means greedy decoding.

@@ -18,7 +18,7 @@ use crate::algo::schedule::{Schedule, learning_rate};
 use crate::validate::{Invalid, check};
 
 /// AdamW settings (`policies.<name>.optimizer`, `warm_start.optimizer`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimizerConfig {
     /// Peak learning rate.

@@ -94,6 +94,39 @@ impl RunStore {
         &self.url
     }
 
+    /// The runs at or under `url`, down to `depth` folders below it: every folder that
+    /// holds a `run.yaml`, sorted by URL. A run's own folders are not searched.
+    pub async fn runs_under(url: &str, depth: usize) -> Result<Vec<RunStore>> {
+        let top = RunStore::open(url)?;
+        let mut found = Vec::new();
+        let mut pending = vec![(top.root.clone(), 0)];
+        while let Some((dir, level)) = pending.pop() {
+            let prefix = (!dir.as_ref().is_empty()).then_some(&dir);
+            let listing = match top.store.list_with_delimiter(prefix).await {
+                Ok(listing) => listing,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(top.object_error("list", dir.as_ref(), e)),
+            };
+            if listing.objects.iter().any(|o| o.location.filename() == Some(layout::RUN_CONFIG)) {
+                found.push(top.below(&dir));
+            } else if level < depth {
+                pending.extend(listing.common_prefixes.into_iter().map(|p| (p, level + 1)));
+            }
+        }
+        found.sort_by(|a, b| a.url.cmp(&b.url));
+        Ok(found)
+    }
+
+    /// The run at `dir`, a folder under this one's root.
+    fn below(&self, dir: &Path) -> RunStore {
+        let relative = self.relative(dir);
+        let url = match relative.as_str() {
+            "" => self.url.clone(),
+            relative => format!("{}/{relative}", self.url.trim_end_matches('/')),
+        };
+        RunStore { store: self.store.clone(), root: dir.clone(), url }
+    }
+
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }

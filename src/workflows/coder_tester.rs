@@ -70,7 +70,7 @@ impl CoderTester {
         }
         outcome.action = Some(serde_json::to_string(&tests).expect("tests serialise"));
         // A function task's tests as the tester wrote them, not as the harness's JSON:
-        // a tester shown JSON wrote fewer asserts on its next turn (RESULTS.md, code).
+        // a tester shown JSON wrote fewer asserts on its next turn (results/code/README.md).
         outcome.shown = code_env.entry_point().map(|entry| assert_lines(entry, &tests));
         let judge = code_env.instance().solution.clone().or_else(|| self.code.clone());
         if let Some(program) = judge {

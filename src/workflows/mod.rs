@@ -65,7 +65,7 @@ pub const NO_ANSWER: f64 = -1.0;
 const HISTORY_SHOWN: usize = 6;
 
 /// `workflow:` in a run's config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowConfig {
     /// Which workflow plays the environment; unset: a hosted environment's own order.
@@ -102,7 +102,7 @@ impl Default for WorkflowConfig {
 pub const ALONE_OVER_TURNS: &str = "acting alone needs workflow.max_turns: 1; over more turns the planner's \
      moves reach the tool agent through the state they share, so neither would be alone";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkflowKind {
     /// One agent does everything.

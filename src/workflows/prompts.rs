@@ -150,7 +150,7 @@ pub fn coder(env: &AnyEnv, last_code: Option<&str>, test_report: Option<&str>, h
 pub fn tester(env: &AnyEnv, code: Option<&str>, history: &[String]) -> String {
     let code = code.map(|c| format!("\n\nThe coder's program:\n```python\n{}\n```", c.trim_end())).unwrap_or_default();
     // A function task's tests are asserts, which code models write unprompted; the
-    // Input/Output blocks were followed in 9 replies of 64 (RESULTS.md, code).
+    // Input/Output blocks were followed in 9 replies of 64 (results/code/README.md).
     let entry = match env {
         AnyEnv::Code(task) => task.entry_point(),
         _ => None,

@@ -37,7 +37,7 @@ pub(super) fn step(env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbo
 
 /// The mover's own result, as its team reward: in self-play each player is its own
 /// team. Scored from X's side, O's forfeit was X's win and earned O the team reward
-/// that cancelled its penalty, so O's groups were flat (RESULTS.md, tic-tac-toe).
+/// that cancelled its penalty, so O's groups were flat (results/tic-tac-toe-smollm2/README.md).
 pub(super) fn own_result(game: &TicTacToe, agent: Agent) -> f64 {
     game.result_for(if agent == Agent::PLAYER_O { Mark::O } else { Mark::X })
 }

@@ -71,9 +71,7 @@ fn pipeline_plan_prints_every_step_with_what_it_waits_for() {
     let rollout = steps.iter().find(|s| s["step"] == "rollout:10#1").unwrap();
     assert_eq!(rollout["after"], serde_json::json!(["update:9"]));
     let command = rollout["command"].as_str().unwrap();
-    assert!(
-        command.starts_with("petting stage rollout --run file://") && command.ends_with("--iteration 10 --shard 1/2")
-    );
+    assert!(command.starts_with("petting stage rollout file://") && command.ends_with("--iteration 10 --shard 1/2"));
     let group = steps.iter().find(|s| s["step"] == "group:10").unwrap();
     assert_eq!(group["after"], serde_json::json!(["rollout:10"]));
     // Every step waits for one that comes before it.

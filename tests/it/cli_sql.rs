@@ -233,17 +233,17 @@ fn stages_run_alone_from_the_command_line() {
     let url = dir.path().join("run").to_string_lossy().into_owned();
     block_on(synthetic::commit_turns(&RunStore::open(&url).unwrap(), 1, 128, 128));
 
-    let (ok, _, stderr) = run(&["stage", "advantage", "--run", &url, "--iteration", "0"]);
+    let (ok, _, stderr) = run(&["stage", "advantage", &url, "--iteration", "0"]);
     assert!(!ok && stderr.contains("advantage of iteration 0 needs group of iteration 0 committed first"), "{stderr}");
-    let (ok, stdout, stderr) = run(&["stage", "group", "--run", &url, "--iteration", "0"]);
+    let (ok, stdout, stderr) = run(&["stage", "group", &url, "--iteration", "0"]);
     assert!(ok && stdout.starts_with("committed group of iteration 0: 16 rows in 1 files"), "{stdout}{stderr}");
-    let (ok, stdout, stderr) = run(&["stage", "advantage", "--run", &url, "--iteration", "0"]);
+    let (ok, stdout, stderr) = run(&["stage", "advantage", &url, "--iteration", "0"]);
     assert!(ok && stdout.starts_with("committed advantage of iteration 0: 128 rows"), "{stdout}{stderr}");
     let files_before = walk(dir.path()).len();
-    let (ok, _, stderr) = run(&["stage", "group", "--run", &url, "--iteration", "0"]);
+    let (ok, _, stderr) = run(&["stage", "group", &url, "--iteration", "0"]);
     assert!(!ok && stderr.contains("group of iteration 0 is already committed"), "{stderr}");
     assert_eq!(walk(dir.path()).len(), files_before, "a refused stage writes nothing");
-    let (ok, _, stderr) = run(&["stage", "group", "--run", &url]);
+    let (ok, _, stderr) = run(&["stage", "group", &url]);
     assert!(!ok && stderr.contains("give --iteration K"), "{stderr}");
 }
 

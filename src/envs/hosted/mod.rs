@@ -32,12 +32,13 @@ pub use judge::Judge;
 
 /// `env: {name: textarena, game: TicTacToe-v0, players: 2}`: a TextArena game; its
 /// agents are `player_0 … player_{players-1}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TextArenaConfig {
     /// A registered TextArena game id (`TicTacToe-v0`), or `module:Class` of an
     /// unregistered one.
     pub game: String,
+    /// How many players; the agents are `player_0 … player_{players-1}`.
     #[serde(default = "two")]
     pub players: u32,
     /// The mover's local reward for a reply TextArena finds invalid.
@@ -57,7 +58,7 @@ pub struct TextArenaConfig {
 /// `env: {name: external, module: my_env:MyEnv, config: {…}}` (a class the host loads)
 /// or `env: {name: external, command: [python, my_env.py]}` (a script that serves one
 /// with `petting_env.serve`): a user's own environment. Its agents are the class's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExternalConfig {
     /// `module:Class` or `file.py:Class`, found from the run file's folder.
@@ -69,6 +70,8 @@ pub struct ExternalConfig {
     /// Handed to the class as its config.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub config: BTreeMap<String, Value>,
+    /// What an agent sees: a minijinja template over `observation`, `agent` and `turn`
+    /// (the model's chat template is applied around it).
     #[serde(default = "default_prompt")]
     pub prompt: String,
     #[serde(default)]
@@ -79,9 +82,10 @@ pub struct ExternalConfig {
 /// dataset as math tasks, for the single-agent and tool + reasoner workflows. The host
 /// makes the tasks from the run seed and scores every answer with the dataset's own
 /// `score_answer` (or `reward: rewards.py:fn`, called with the task row and the reply).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReasoningGymConfig {
+    /// The reasoning-gym dataset, e.g. `basic_arithmetic`.
     pub dataset: String,
     /// The dataset's options (all but `seed` and `size`, which petting sets).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -119,9 +123,10 @@ impl ReasoningGymConfig {
 /// `reward: {python: rewards.py:fn}`: a Python function, found from the run file's
 /// folder, that scores an answer as TRL's `reward_funcs` do: `fn(task, reply) -> float`
 /// with the task row and the text the answer came from; 1 is a right answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PythonReward {
+    /// `file.py:function`, found from the run file's folder.
     pub python: String,
 }
 
@@ -136,7 +141,7 @@ impl PythonReward {
 }
 
 /// How the host process runs (`env.host`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HostSettings {
     /// The Python interpreter; unset: `PETTING_PYTHON`, else the checkout's `.venv`

@@ -1,0 +1,73 @@
+//! The exit status says what kind of failure it was, for scripts and schedulers:
+//!
+//! | status | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | the command failed while it ran (I/O, a model, a crashed program, out of memory) |
+//! | 2 | usage: the command line is wrong (clap's status) |
+//! | 3 | refused by a check before anything was changed: an invalid run file, a stage already committed or not ready, a changed config, a corrupt or pruned file, an on-policy check |
+
+use petting::{config, pipeline, stages, store};
+
+pub const FAILED: u8 = 1;
+pub const REFUSED: u8 = 3;
+
+/// The status for `error`: refused when any cause in its chain is a check's refusal.
+pub fn code(error: &anyhow::Error) -> u8 {
+    if error.chain().any(refused) { REFUSED } else { FAILED }
+}
+
+fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
+    if cause.is::<stages::update::Error>() || cause.is::<Refused>() {
+        return true;
+    }
+    // Transparent wrappers hide the error they wrap from the chain: look inside.
+    if let Some(e) = cause.downcast_ref::<config::Error>() {
+        return match e {
+            config::Error::Store(e) => store_refused(e),
+            _ => true,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<store::Error>() {
+        return store_refused(e);
+    }
+    if let Some(e) = cause.downcast_ref::<stages::Error>() {
+        return stage_refused(e);
+    }
+    if let Some(e) = cause.downcast_ref::<pipeline::driver::Error>() {
+        use pipeline::driver::Error as E;
+        return match e {
+            E::ConfigChanged { .. } | E::ForkIntoItself { .. } | E::Inputs { .. } => true,
+            E::Store(e) => store_refused(e),
+            E::Stage(e) => stage_refused(e),
+            E::Config(e) => !matches!(e, config::Error::Store(_)),
+            _ => false,
+        };
+    }
+    false
+}
+
+fn store_refused(e: &store::Error) -> bool {
+    matches!(
+        e,
+        store::Error::AlreadyCommitted { .. }
+            | store::Error::Corrupt { .. }
+            | store::Error::MissingFile { .. }
+            | store::Error::Pruned { .. }
+            | store::Error::RunNotFound { .. }
+    )
+}
+
+fn stage_refused(e: &stages::Error) -> bool {
+    match e {
+        stages::Error::NotReady { .. } | stages::Error::ShardLayout { .. } | stages::Error::Update(_) => true,
+        stages::Error::Store(e) => store_refused(e),
+        stages::Error::Config(e) => !matches!(e, config::Error::Store(_)),
+        _ => false,
+    }
+}
+
+/// A check of the command line's own that failed (`doctor`, `init` over a file).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
