@@ -285,7 +285,11 @@ impl Dispatcher<'_> {
     }
 
     /// Samples the waiting calls, one batch per policy, and answers them.
-    fn sample(&mut self, episodes: &mut [Episode], waiting: Vec<Waiting>) -> Result<(), Error> {
+    fn sample(&mut self, episodes: &mut [Episode], mut waiting: Vec<Waiting>) -> Result<(), Error> {
+        // In episode order, as the built-in rollout batches, not in the order the calls
+        // happened to arrive: the same calls then make the same batch (the same padding,
+        // the same float summation order).
+        waiting.sort_by_key(|w| (w.call.episode, w.turn));
         let mut by_policy: Vec<(String, Vec<Waiting>)> = Vec::new();
         for w in waiting {
             match by_policy.iter_mut().find(|(p, _)| *p == w.policy) {
