@@ -11,7 +11,7 @@
 # evaluated before the next update prunes it). Disk is what limits how many rows run at
 # once: a full-weight version of a 0.5B model is about 9 GB (bf16 weights, float32 AdamW
 # moments and master copy) and a run holds up to three, so a machine with 64 GiB of disk
-# takes two (RESULTS.md, "Math on a GPU").
+# takes two (results/math/README.md, "On a GPU").
 #
 # Runs go to OUT/runs/ and logs to OUT/<row>.log. After MINUTES (default 60) a run still
 # going is stopped: its committed stages stay and the same command resumes it. Then

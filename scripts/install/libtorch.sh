@@ -3,7 +3,7 @@
 # `scripts/install/libtorch.sh cuda` installs the CUDA 13 build into .libtorch-cuda/
 # instead: every library of the torch wheel and of the nvidia wheels it depends on
 # (about 4 GB), for `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir
-# target-cuda` (README, "Running on a GPU").
+# target-cuda` (docs/gpu.md).
 #
 # tch 0.24 binds libtorch 2.11.0. pytorch.org's libtorch zips cannot be reached from
 # our machines, but PyPI can: the torch wheel carries the same shared libraries and

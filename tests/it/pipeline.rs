@@ -238,8 +238,13 @@ fn show_renders_the_tree_of_a_task() {
 }
 
 #[test]
-fn the_readme_queries_run_on_a_real_run() {
-    the_readme_queries_run(&reference_run());
+fn the_documented_queries_run_on_a_real_run() {
+    the_documented_queries_run(&reference_run());
+}
+
+#[test]
+fn status_runs_and_verify_speak_json() {
+    speak_json(&reference_run());
 }
 
 #[test]
@@ -269,16 +274,46 @@ fn running_a_finished_run_again_changes_nothing() {
     assert_eq!(content(&reference.run), before);
 }
 
-/// Every `petting sql runs/plan-path "…"` example of the README runs on a real run.
-fn the_readme_queries_run(run_dir: &Path) {
+/// Every query of docs/sql.md (its ```sql blocks) and every `petting sql runs/plan-path
+/// "…"` example of the README runs on a real run.
+fn the_documented_queries_run(run_dir: &Path) {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let queries: Vec<&str> =
-        readme.split("petting sql runs/plan-path \"").skip(1).map(|rest| rest.split('"').next().unwrap()).collect();
-    assert!(queries.len() >= 6, "{queries:?}");
+    let mut queries: Vec<String> = readme
+        .split("petting sql runs/plan-path \"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().to_string())
+        .collect();
+    assert!(queries.len() >= 2, "{queries:?}");
+    let cookbook = std::fs::read_to_string(repo_root().join("docs/sql.md")).unwrap();
+    let blocks: Vec<String> =
+        cookbook.split("```sql\n").skip(1).map(|rest| rest.split("```").next().unwrap().trim().to_string()).collect();
+    assert!(blocks.len() >= 12, "a dozen queries: {}", blocks.len());
+    queries.extend(blocks);
     for query in queries {
-        let (ok, _, stderr) = run(&["sql", run_dir.to_str().unwrap(), query]);
+        let (ok, _, stderr) = run(&["sql", run_dir.to_str().unwrap(), &query]);
         assert!(ok, "{query}\n{stderr}");
     }
+}
+
+/// `--format json` of status, verify and runs: documents a program can read.
+fn speak_json(run_dir: &Path) {
+    let url = run_dir.to_str().unwrap();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let (ok, stdout, stderr) = run(args);
+        assert!(ok, "{args:?}: {stderr}");
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"))
+    };
+    let status = json(&["status", url, "--format", "json"]);
+    let stages = status["stages"].as_array().unwrap();
+    assert!(stages.iter().all(|s| s["state"] == "committed" || s["state"] == "missing"), "{status}");
+    assert!(stages.iter().any(|s| s["stage"] == "rollout" && s["iteration"] == 1 && s["rows"].as_u64() > Some(0)));
+    let verified = json(&["verify", url, "--format", "json"]);
+    assert!(verified["checked"].as_u64() > Some(10) && verified["pruned"] == 0, "{verified}");
+    let parent = run_dir.parent().unwrap().to_str().unwrap();
+    let runs = json(&["runs", parent, "--format", "json"]);
+    let this = runs.as_array().unwrap().iter().find(|r| r["run"].as_str().unwrap().ends_with(url)).unwrap();
+    assert_eq!(this["state"], "finished", "{runs}");
+    assert_eq!(this["trained"], this["iterations"], "{runs}");
 }
 
 /// `petting show` renders both steps of a task: K candidates each, one selected, with advantages.
@@ -416,8 +451,7 @@ fn sharding_a_rollout_changes_nothing() {
     let config_c = write_config(dir.path(), "c", &c, 5);
     let (ok, _, stderr) = run(&["pipeline", "run", &config_c, "--until", "rollout:0"]);
     assert!(ok, "{stderr}");
-    let shard =
-        |which: &str| run(&["stage", "rollout", "--run", c.to_str().unwrap(), "--iteration", "0", "--shard", which]);
+    let shard = |which: &str| run(&["stage", "rollout", c.to_str().unwrap(), "--iteration", "0", "--shard", which]);
     let (ok, stdout, stderr) = shard("0/2");
     assert!(ok, "{stdout}{stderr}");
     // Half a sharded rollout is not committed, and running it whole would commit rows twice.
