@@ -46,7 +46,22 @@ pub enum Games {
     Programs(programs::Programs),
 }
 
+/// Games ready to be played: agent programs already running (see [`Games::start`]).
+pub enum Started<'a> {
+    Envs(&'a [Game]),
+    Programs(programs::Started<'a>),
+}
+
 impl Games {
+    /// Starts what can start before the policies are loaded: an agent program's processes
+    /// (an interpreter and a framework take a second or more to import).
+    pub fn start(&self, setup: &Setup) -> Result<Started<'_>, Error> {
+        match self {
+            Games::Envs(games) => Ok(Started::Envs(games)),
+            Games::Programs(programs) => Ok(Started::Programs(programs::start(programs, setup)?)),
+        }
+    }
+
     /// Tasks played.
     pub fn len(&self) -> usize {
         match self {
@@ -226,15 +241,15 @@ impl Setup {
 /// Plays every game to the end, reporting finished episodes and sampled tokens to
 /// `progress` as they come.
 pub fn play(
-    games: &Games,
+    started: Started,
     setup: &Setup,
     responder: &mut dyn Responder,
     sandbox: &Sandbox,
     progress: &dyn Progress,
 ) -> Result<Played, Error> {
-    match games {
-        Games::Envs(games) => play_envs(games, setup, responder, sandbox, progress),
-        Games::Programs(programs) => programs::play(programs, setup, responder, progress),
+    match started {
+        Started::Envs(games) => play_envs(games, setup, responder, sandbox, progress),
+        Started::Programs(programs) => programs::play(programs, setup, responder, progress),
     }
 }
 
@@ -610,18 +625,19 @@ mod tests {
         let skip = Setup { overlong_prompt: OverlongPrompt::Skip, ..setup(RolloutMode::Tree) };
         // Checked in track order: the second prompt of the first step is task 1's.
         let mut responder = WithALongPrompt { checked: 0, too_long: 2 };
-        let played = play(&Games::Envs(games()), &skip, &mut responder, &sandbox, &Quiet).unwrap();
+        let played = play(Started::Envs(&games()), &skip, &mut responder, &sandbox, &Quiet).unwrap();
         assert_eq!(played.skipped, [1]);
         assert!(played.candidates.iter().all(|c| c.task_index == 0) && !played.candidates.is_empty());
         assert_eq!(played.finished.iter().map(|f| f.task_index).collect::<Vec<_>>(), [0]);
         // Skipped at its planner's turn (the third check), task 0 loses its tool rows too.
         let mut responder = WithALongPrompt { checked: 0, too_long: 3 };
-        let played = play(&Games::Envs(games()), &skip, &mut responder, &sandbox, &Quiet).unwrap();
+        let played = play(Started::Envs(&games()), &skip, &mut responder, &sandbox, &Quiet).unwrap();
         assert_eq!(played.skipped, [0]);
         assert!(played.candidates.iter().all(|c| c.task_index == 1), "{:?}", played.candidates.len());
         // With overlong_prompt: error the responder itself refuses; nothing is checked.
         let mut responder = WithALongPrompt { checked: 0, too_long: 1 };
-        let played = play(&Games::Envs(games()), &setup(RolloutMode::Tree), &mut responder, &sandbox, &Quiet).unwrap();
+        let played =
+            play(Started::Envs(&games()), &setup(RolloutMode::Tree), &mut responder, &sandbox, &Quiet).unwrap();
         assert_eq!((responder.checked, played.skipped.len(), played.finished.len()), (0, 0, 2));
     }
 
@@ -653,7 +669,7 @@ mod tests {
     fn tree_sampling_branches_k_ways_and_continues_the_best() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let Played { candidates, finished, .. } =
-            play(&Games::Envs(games()), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+            play(Started::Envs(&games()), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(candidates.len(), 2 * (3 + 3));
         for group in candidates.chunks(3) {
             assert!(
@@ -677,7 +693,7 @@ mod tests {
             assert!(children.iter().all(|c| c.reply.prompt_text.contains("print(bfs(grid, S, G))")));
         }
         assert!(finished.iter().all(|f| f.success && f.turns == 1), "{finished:?}");
-        let again = play(&Games::Envs(games()), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
+        let again = play(Started::Envs(&games()), &setup(RolloutMode::Tree), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(again.candidates, candidates);
     }
 
@@ -699,7 +715,7 @@ mod tests {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let tally = Tally::default();
         let played =
-            play(&Games::Envs(games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
+            play(Started::Envs(&games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
         let (episodes, tokens, steps) = *tally.0.lock().unwrap();
         assert_eq!(episodes, played.finished.len() as u64);
         assert_eq!(tokens, played.candidates.iter().map(|c| c.reply.tokens.len() as u64).sum::<u64>());
@@ -712,8 +728,8 @@ mod tests {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let together = setup(RolloutMode::Independent);
         let apart = Setup { alone: true, ..together.clone() };
-        let team = play(&Games::Envs(games()), &together, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
-        let alone = play(&Games::Envs(games()), &apart, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
+        let team = play(Started::Envs(&games()), &together, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
+        let alone = play(Started::Envs(&games()), &apart, &mut Scripted, &sandbox, &Quiet).unwrap().finished;
         let successes = |f: &[Finished], tool: bool| -> Vec<bool> {
             f.iter().map(|f| if tool { f.tool_success } else { f.success }).collect()
         };
@@ -752,12 +768,12 @@ mod tests {
             seed_keys: vec![1],
             overlong_prompt: OverlongPrompt::Error,
         };
-        let played = play(&Games::Envs(games.clone()), &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
+        let played = play(Started::Envs(&games), &self_play, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(played.finished[0].success, "first-free-cell O lets X complete the diagonal");
 
         let policies = HashMap::from([(Agent::PLAYER_X, "shared".into())]);
         let minimax = Setup { opponent: Some(Agent::PLAYER_O), policies, ..self_play };
-        let played = play(&Games::Envs(games.clone()), &minimax, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
+        let played = play(Started::Envs(&games), &minimax, &mut FirstEmptyCell, &sandbox, &Quiet).unwrap();
         assert!(!played.finished[0].success, "{:?}", played.finished);
         assert!(played.candidates.iter().all(|c| c.agent == Agent::PLAYER_X));
         assert!(played.candidates.len() >= 2, "X moved more than once: O answered in between");
@@ -767,7 +783,7 @@ mod tests {
     fn independent_mode_plays_k_separate_episodes() {
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let Played { candidates, finished, .. } =
-            play(&Games::Envs(games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
+            play(Started::Envs(&games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &Quiet).unwrap();
         assert_eq!(finished.len(), 2 * 3);
         assert_eq!(candidates.len(), 2 * 3 * 2);
         assert!(candidates.iter().all(|c| c.selected && c.branch == 0));

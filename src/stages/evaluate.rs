@@ -73,7 +73,7 @@ pub async fn run(
                 tokio::task::block_in_place(|| {
                     let max_prompt = evaluation.max_prompt_tokens as usize;
                     let mut responder = engine.responder(&mut loaded, &evaluation.sampling, max_prompt);
-                    play::play(&games, &setup, responder.as_mut(), &sandbox, progress)
+                    play::play(games.start(&setup)?, &setup, responder.as_mut(), &sandbox, progress)
                 })
             })
             .map_err(|e| {

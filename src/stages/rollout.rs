@@ -40,9 +40,11 @@ pub async fn run(
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch = tasks::batch(&train, config, iteration, shard);
-    let mut loaded = policies::load_current(store, config, iteration, &session.policies).await?;
     let setup = setup(config, iteration);
     let games = play::games(config, &batch)?;
+    // Agent programs import while the policies load.
+    let started = games.start(&setup)?;
+    let mut loaded = policies::load_current(store, config, iteration, &session.policies).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
     let engine =
@@ -51,7 +53,7 @@ pub async fn run(
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {
             let mut responder = engine.responder(&mut loaded, &rollout.sampling, rollout.max_prompt_tokens as usize);
-            play::play(&games, &setup, responder.as_mut(), &sandbox, progress)
+            play::play(started, &setup, responder.as_mut(), &sandbox, progress)
         })
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;

@@ -186,7 +186,8 @@ fn play_alone(
         overlong_prompt: petting::config::OverlongPrompt::Error,
     };
     let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
-    play(&games(config, tasks).unwrap(), &setup, responder, &sandbox, &petting::progress::Quiet).unwrap()
+    let games = games(config, tasks).unwrap();
+    play(games.start(&setup).unwrap(), &setup, responder, &sandbox, &petting::progress::Quiet).unwrap()
 }
 
 /// Replies `reply(prompt, first)` to each prompt, `first` for the first of each pair.

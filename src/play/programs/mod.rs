@@ -111,14 +111,28 @@ struct Waiting {
     prompt: Prompt,
 }
 
-/// Plays every task's episodes with the program, `setup.episodes_per_task()` each.
-pub fn play(
-    programs: &Programs,
-    setup: &Setup,
-    responder: &mut dyn Responder,
-    progress: &dyn Progress,
-) -> Result<Played, Error> {
-    let mut episodes: Vec<Episode> = (0..programs.tasks.len())
+/// A stage's programs, started before its policies are loaded: the endpoint listens and
+/// the first `env.concurrency` programs import their interpreter and framework meanwhile;
+/// their calls wait for [`play`]. Dropped unplayed, the programs are killed.
+pub struct Started<'a> {
+    programs: &'a Programs,
+    endpoint: Endpoint,
+    events: Sender<Event>,
+    received: Receiver<Event>,
+    episodes: Vec<Episode>,
+    launched: usize,
+}
+
+impl Drop for Started<'_> {
+    fn drop(&mut self) {
+        kill_running(&self.episodes);
+    }
+}
+
+/// Starts the endpoint and the first programs of every task's episodes,
+/// `setup.episodes_per_task()` each.
+pub fn start<'a>(programs: &'a Programs, setup: &Setup) -> Result<Started<'a>, Error> {
+    let episodes: Vec<Episode> = (0..programs.tasks.len())
         .flat_map(|task_index| {
             (0..setup.episodes_per_task()).map(move |episode_index| Episode {
                 task_index,
@@ -134,13 +148,38 @@ pub fn play(
     let (events, received) = channel();
     let roles: Vec<String> = programs.team.iter().map(|a| a.to_string()).collect();
     let endpoint = Endpoint::start(roles, events.clone()).map_err(Error::Endpoint)?;
-    let mut dispatcher =
-        Dispatcher { programs, setup, responder, progress, endpoint: &endpoint, events, model: Duration::ZERO };
-    let result = dispatcher.run(&mut episodes, &received);
-    kill_running(&episodes);
+    let mut started = Started { programs, endpoint, events, received, episodes, launched: 0 };
+    let first = (programs.config.concurrency as usize).min(started.episodes.len());
+    for index in 0..first {
+        launch(programs, &started.endpoint, &started.events, &mut started.episodes[index], index);
+    }
+    started.launched = first;
+    Ok(started)
+}
+
+/// Plays the started episodes to their end, starting the rest as programs finish.
+pub fn play(
+    mut started: Started,
+    setup: &Setup,
+    responder: &mut dyn Responder,
+    progress: &dyn Progress,
+) -> Result<Played, Error> {
+    progress.advance(started.episodes.iter().filter(|e| e.failure.is_some()).count() as u64, 0);
+    let programs = started.programs;
+    let mut dispatcher = Dispatcher {
+        programs,
+        setup,
+        responder,
+        progress,
+        endpoint: &started.endpoint,
+        events: started.events.clone(),
+        model: Duration::ZERO,
+    };
+    let result = dispatcher.run(&mut started.episodes, &started.received, started.launched);
     let model = dispatcher.model;
+    kill_running(&started.episodes);
     result?;
-    played(programs, setup, episodes, model)
+    played(programs, setup, std::mem::take(&mut started.episodes), model)
 }
 
 struct Dispatcher<'a> {
@@ -154,9 +193,11 @@ struct Dispatcher<'a> {
 }
 
 impl Dispatcher<'_> {
-    fn run(&mut self, episodes: &mut [Episode], received: &Receiver<Event>) -> Result<(), Error> {
+    /// Runs until every episode ended; `next` is the first episode not started yet.
+    fn run(&mut self, episodes: &mut [Episode], received: &Receiver<Event>, mut next: usize) -> Result<(), Error> {
         let timeout = Duration::from_secs_f64(self.programs.config.timeout_seconds);
-        let mut next = 0;
+        // Programs started while the policies loaded are waited for from now on.
+        let since = Instant::now();
         let mut waiting: Vec<Waiting> = Vec::new();
         let mut last_call = Instant::now();
         loop {
@@ -170,7 +211,7 @@ impl Dispatcher<'_> {
                 return Ok(());
             }
             let deadline = episodes.iter().filter_map(|e| Some(e.running?.1 + timeout)).min();
-            let starting = awaited_first_call(episodes, &waiting);
+            let starting = awaited_first_call(episodes, &waiting, since);
             let wake = match (waiting.is_empty(), starting) {
                 (true, _) => deadline,
                 (false, Some(until)) => deadline.map_or(Some(until), |d| Some(d.min(until))),
@@ -202,7 +243,7 @@ impl Dispatcher<'_> {
             time_out(episodes, timeout);
             let running = episodes.iter().filter(|e| e.running.is_some()).count();
             let callers = waiting.iter().map(|w| w.call.episode).collect::<std::collections::BTreeSet<_>>().len();
-            let quiet = last_call.elapsed() >= BATCH_WAIT && awaited_first_call(episodes, &waiting).is_none();
+            let quiet = last_call.elapsed() >= BATCH_WAIT && awaited_first_call(episodes, &waiting, since).is_none();
             if !waiting.is_empty() && (callers >= running || quiet) {
                 tracing::debug!(calls = waiting.len(), callers, running, "sampling");
                 self.sample(episodes, std::mem::take(&mut waiting))?;
@@ -212,34 +253,8 @@ impl Dispatcher<'_> {
 
     /// Starts episode `index`'s program; one that cannot start has failed.
     fn launch(&self, episodes: &mut [Episode], index: usize) {
-        let episode = &mut episodes[index];
-        let (task_id, row) = &self.programs.tasks[episode.task_index];
-        let url = self.endpoint.base_url(index);
-        let (program, args) = self.programs.config.program();
-        let mut command = Command::new(&program);
-        command
-            .args(&args)
-            .current_dir(self.programs.config.workdir())
-            .env("OPENAI_BASE_URL", &url)
-            .env("OPENAI_API_BASE", &url)
-            .env("OPENAI_API_KEY", &self.endpoint.key)
-            .env("PETTING_TASK", row)
-            .env("PETTING_TASK_ID", task_id)
-            .env("PETTING_EPISODE", episode.episode_index.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so that a timeout kills whatever it started too.
-            .process_group(0);
-        match command.spawn() {
-            Ok(child) => {
-                episode.running = Some((child.id() as i32, Instant::now()));
-                watch(child, index, self.events.clone());
-            }
-            Err(e) => {
-                episode.failure = Some(format!("cannot start {}: {e}", program.display()));
-                self.progress.advance(1, 0);
-            }
+        if !launch(self.programs, self.endpoint, &self.events, &mut episodes[index], index) {
+            self.progress.advance(1, 0);
         }
     }
 
@@ -348,12 +363,53 @@ impl Dispatcher<'_> {
     }
 }
 
+/// Starts the program of `episode` (number `index`); one that cannot start has failed.
+/// Returns whether it started.
+fn launch(
+    programs: &Programs,
+    endpoint: &Endpoint,
+    events: &Sender<Event>,
+    episode: &mut Episode,
+    index: usize,
+) -> bool {
+    let (task_id, row) = &programs.tasks[episode.task_index];
+    let url = endpoint.base_url(index);
+    let (program, args) = programs.config.program();
+    let mut command = Command::new(&program);
+    command
+        .args(&args)
+        .current_dir(programs.config.workdir())
+        .env("OPENAI_BASE_URL", &url)
+        .env("OPENAI_API_BASE", &url)
+        .env("OPENAI_API_KEY", &endpoint.key)
+        .env("PETTING_TASK", row)
+        .env("PETTING_TASK_ID", task_id)
+        .env("PETTING_EPISODE", episode.episode_index.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so that a timeout kills whatever it started too.
+        .process_group(0);
+    match command.spawn() {
+        Ok(child) => {
+            episode.running = Some((child.id() as i32, Instant::now()));
+            watch(child, index, events.clone());
+            true
+        }
+        Err(e) => {
+            episode.failure = Some(format!("cannot start {}: {e}", program.display()));
+            false
+        }
+    }
+}
+
 /// Until when the first call of a running program that has not called yet is waited
-/// for, if there is one.
-fn awaited_first_call(episodes: &[Episode], waiting: &[Waiting]) -> Option<Instant> {
+/// for, if there is one: `STARTUP_WAIT` from its start, or from `since` if it started earlier.
+fn awaited_first_call(episodes: &[Episode], waiting: &[Waiting], since: Instant) -> Option<Instant> {
     let silent = |i: usize, e: &Episode| e.calls.is_empty() && !waiting.iter().any(|w| w.call.episode == i);
     let started = episodes.iter().enumerate().filter(|(i, e)| e.running.is_some() && silent(*i, e));
-    started.filter_map(|(_, e)| Some(e.running?.1 + STARTUP_WAIT)).filter(|until| *until > Instant::now()).min()
+    let until = |e: &Episode| Some(e.running?.1.max(since) + STARTUP_WAIT);
+    started.filter_map(|(_, e)| until(e)).filter(|until| *until > Instant::now()).min()
 }
 
 /// A call's prompt as the model sees it: (text, ids).
