@@ -441,6 +441,8 @@ pub struct PruneArgs {
 pub struct SchemaArgs {
     /// One table; all tables when absent.
     pub table: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
 }
 
 /// `90`, `90s`, `15m`, `2h`, `1d`.

@@ -103,7 +103,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Gc(args) => gc::run(args).await,
         Command::Prune(args) => gc::prune(args).await,
         Command::Verify(args) => gc::verify(&args.run, args.format).await,
-        Command::Schema(args) => schema::run(args.table.as_deref()),
+        Command::Schema(args) => schema::run(args.table.as_deref(), args.format),
         Command::Model(ModelCommand::Info { dir }) => model::info(&dir),
         Command::Model(ModelCommand::Generate(args)) => model::generate(args),
         Command::Model(ModelCommand::Score(args)) => model::score(args),

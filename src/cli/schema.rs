@@ -1,7 +1,10 @@
 use anyhow::bail;
 use petting::schema::Table;
+use serde_json::json;
 
-pub fn run(name: Option<&str>) -> anyhow::Result<()> {
+use super::args::Format;
+
+pub fn run(name: Option<&str>, format: Format) -> anyhow::Result<()> {
     let tables: Vec<Table> = match name {
         None => Table::ALL.to_vec(),
         Some(name) => match Table::from_name(name) {
@@ -12,6 +15,25 @@ pub fn run(name: Option<&str>) -> anyhow::Result<()> {
             }
         },
     };
+    if format == Format::Json {
+        let tables: Vec<_> = tables
+            .iter()
+            .map(|table| {
+                let def = table.definition();
+                let columns: Vec<_> = def
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        json!({"name": c.name, "type": c.data_type.to_string(), "nullable": c.nullable,
+                               "partition": c.partition, "doc": c.doc})
+                    })
+                    .collect();
+                json!({"table": def.name, "doc": def.doc, "columns": columns})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&tables)?);
+        return Ok(());
+    }
     for table in tables {
         let def = table.definition();
         println!("{}: {}", def.name, def.doc);

@@ -18,19 +18,19 @@ pub fn json_schema() -> Value {
 
 /// One key of the file.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Key {
+struct Key {
     /// Dotted path; a map's keys are `<name>`, a list's items `[]`.
-    pub path: String,
+    path: String,
     /// Which `env.name` the key belongs to, for the environments' own keys.
-    pub variant: Option<String>,
-    pub kind: String,
-    pub default: Option<String>,
-    pub meaning: String,
-    pub required: bool,
+    variant: Option<String>,
+    kind: String,
+    default: Option<String>,
+    meaning: String,
+    required: bool,
 }
 
 /// Every key of the file, depth first in the schema's order.
-pub fn keys() -> Vec<Key> {
+fn keys() -> Vec<Key> {
     let schema = json_schema();
     let defs = schema.get("$defs").and_then(Value::as_object).cloned().unwrap_or_default();
     let mut walker = Walker { defs: &defs, keys: Vec::new() };
@@ -142,16 +142,12 @@ impl<'a> Walker<'a> {
 
     /// The value's type as a reader writes it: `integer`, `"a" | "b"`, `list of string`.
     fn kind(&self, schema: &Value) -> String {
-        let optional =
-            self.resolve(schema).get("anyOf").and_then(Value::as_array).is_some_and(|o| o.iter().any(is_null))
-                || self
-                    .resolve(schema)
-                    .get("type")
-                    .and_then(Value::as_array)
-                    .is_some_and(|t| t.iter().any(|t| t == "null"));
-        let value = self.unwrap_optional(schema);
-        let kind = self.plain_kind(value);
-        if optional { format!("{kind} (optional)") } else { kind }
+        let resolved = self.resolve(schema);
+        let nullable = |key: &str| {
+            resolved.get(key).and_then(Value::as_array).is_some_and(|v| v.iter().any(|o| is_null(o) || o == "null"))
+        };
+        let kind = self.plain_kind(self.unwrap_optional(schema));
+        if nullable("anyOf") || nullable("type") { format!("{kind} (optional)") } else { kind }
     }
 
     fn plain_kind(&self, value: &Value) -> String {

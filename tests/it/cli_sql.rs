@@ -260,7 +260,8 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn a_run_on_s3_is_created_queried_and_collected_through_the_cli() {
     let Some((endpoint, bucket)) = crate::support::s3_server() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("s3://{bucket}/cli-{}", uuid::Uuid::new_v4().simple());
+    let parent = format!("s3://{bucket}/cli-{}", uuid::Uuid::new_v4().simple());
+    let url = format!("{parent}/run");
     let config = dir.path().join("it.yaml");
     std::fs::write(
         &config,
@@ -294,6 +295,10 @@ fn a_run_on_s3_is_created_queried_and_collected_through_the_cli() {
     let (ok, stdout, _) = cli(&["verify", &url]);
     // prepare-data's two task splits, two turns parts and one groups part.
     assert!(ok && stdout.contains("5 committed files match"), "{stdout}");
+    let (ok, stdout, stderr) = cli(&["runs", &parent, "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    assert!(ok && runs[0]["run"] == url.as_str() && runs[0]["last_committed"] == "rollout:0", "{runs}");
+    assert_eq!(runs[0]["state"], "next: update", "the run-level update was never run: {runs}");
     let (ok, stdout, _) = cli(&["gc", &url, "--grace", "0s"]);
     assert!(ok && stdout.contains("deleted 0 uncommitted files"), "{stdout}");
 }

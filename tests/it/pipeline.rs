@@ -307,6 +307,8 @@ fn speak_json(run_dir: &Path) {
     let stages = status["stages"].as_array().unwrap();
     assert!(stages.iter().all(|s| s["state"] == "committed" || s["state"] == "missing"), "{status}");
     assert!(stages.iter().any(|s| s["stage"] == "rollout" && s["iteration"] == 1 && s["rows"].as_u64() > Some(0)));
+    let schema = json(&["schema", "turns", "--format", "json"]);
+    assert!(schema[0]["columns"].as_array().unwrap().iter().any(|c| c["name"] == "response_logprobs"), "{schema}");
     let verified = json(&["verify", url, "--format", "json"]);
     assert!(verified["checked"].as_u64() > Some(10) && verified["pruned"] == 0, "{verified}");
     let parent = run_dir.parent().unwrap().to_str().unwrap();
