@@ -1,9 +1,9 @@
 //! ARCHITECTURE.md draws which module may import which; these tests hold the code to it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::support::repo_root;
+use crate::support::{files_under, repo_root};
 
 /// The "may import" table of ARCHITECTURE.md: module → modules it may import.
 fn drawn() -> BTreeMap<String, BTreeSet<String>> {
@@ -29,20 +29,9 @@ fn modules() -> BTreeMap<String, Vec<PathBuf>> {
         if ["lib", "main", "cli"].contains(&name.as_str()) {
             continue;
         }
-        modules.insert(name, rust_files(&path));
+        modules.insert(name, files_under(&path));
     }
     modules
-}
-
-fn rust_files(path: &Path) -> Vec<PathBuf> {
-    if path.is_file() {
-        return vec![path.to_path_buf()];
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(path).unwrap() {
-        files.extend(rust_files(&entry.unwrap().path()));
-    }
-    files
 }
 
 /// The top-level modules `source` names through `crate::`, outside comments: `crate::a::b`
@@ -125,7 +114,7 @@ fn no_stage_imports_another() {
         .collect();
     let mut against = Vec::new();
     for (stage, path) in &stages {
-        for file in rust_files(path) {
+        for file in files_under(path) {
             let source = std::fs::read_to_string(&file).unwrap();
             for other in stages.keys().filter(|o| *o != stage) {
                 if source.contains(&format!("stages::{other}")) || source.contains(&format!("super::{other}")) {

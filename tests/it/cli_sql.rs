@@ -239,21 +239,12 @@ fn stages_run_alone_from_the_command_line() {
     assert!(ok && stdout.starts_with("committed group of iteration 0: 16 rows in 1 files"), "{stdout}{stderr}");
     let (ok, stdout, stderr) = run(&["stage", "advantage", &url, "--iteration", "0"]);
     assert!(ok && stdout.starts_with("committed advantage of iteration 0: 128 rows"), "{stdout}{stderr}");
-    let files_before = walk(dir.path()).len();
+    let files_before = crate::support::files_under(dir.path()).len();
     let (ok, _, stderr) = run(&["stage", "group", &url, "--iteration", "0"]);
     assert!(!ok && stderr.contains("group of iteration 0 is already committed"), "{stderr}");
-    assert_eq!(walk(dir.path()).len(), files_before, "a refused stage writes nothing");
+    assert_eq!(crate::support::files_under(dir.path()).len(), files_before, "a refused stage writes nothing");
     let (ok, _, stderr) = run(&["stage", "group", &url]);
     assert!(!ok && stderr.contains("give --iteration K"), "{stderr}");
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
-    }
-    files
 }
 
 #[test]

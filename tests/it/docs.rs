@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::support::{full_suite, petting, repo_root, run};
+use crate::support::{files_under, full_suite, petting, repo_root, run};
 
 fn read(relative: &str) -> String {
     std::fs::read_to_string(repo_root().join(relative)).unwrap_or_else(|e| panic!("{relative}: {e}"))
@@ -213,7 +213,7 @@ fn documents() -> Vec<PathBuf> {
             .map(|d| root.join(d))
             .collect();
     for folder in ["docs", "results", "pipelines"] {
-        for entry in walk_files(&root.join(folder)) {
+        for entry in files_under(&root.join(folder)) {
             let name = entry.file_name().unwrap().to_string_lossy().into_owned();
             if name.ends_with(".md") || name.ends_with(".yaml") {
                 documents.push(entry);
@@ -249,15 +249,6 @@ fn the_files_the_documents_name_exist() {
         }
     }
     assert!(missing.is_empty(), "named but missing: {missing:#?}");
-}
-
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() { files.extend(walk_files(&path)) } else { files.push(path) }
-    }
-    files
 }
 
 #[test]

@@ -27,6 +27,18 @@ pub fn output_of(output: Output) -> (bool, String, String) {
     )
 }
 
+/// Every file under `path` (the file itself if it is one), depth first.
+pub fn files_under(path: &std::path::Path) -> Vec<PathBuf> {
+    if path.is_file() {
+        return vec![path.to_path_buf()];
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).unwrap() {
+        files.extend(files_under(&entry.unwrap().path()));
+    }
+    files
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
