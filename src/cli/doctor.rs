@@ -38,7 +38,9 @@ pub async fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         Some(file) => Some(petting::config::load(file)?),
         None => None,
     };
-    let mut checks = vec![libtorch(), cuda(), gpus(), python()];
+    // The libraries this process loaded say which libtorch it runs on.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut checks = vec![libtorch(&maps), cuda(&maps), gpus(), python()];
     if let Some(vllm) = config.as_ref().and_then(|c| c.config.vllm.as_ref()) {
         checks.push(vllm_server(&vllm.url).await);
     }
@@ -79,8 +81,7 @@ fn print(checks: &[Check], format: Format) -> anyhow::Result<()> {
 }
 
 /// The libtorch this process loaded (it would not have started without one).
-fn libtorch() -> Check {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+fn libtorch(maps: &str) -> Check {
     let library = maps.split_whitespace().find(|w| w.ends_with("/libtorch_cpu.so")).map(Path::new);
     let folder = library.and_then(Path::parent).and_then(Path::parent);
     let version = folder.and_then(|f| std::fs::read_to_string(f.join("build-version")).ok());
@@ -92,8 +93,7 @@ fn libtorch() -> Check {
     check("libtorch", Status::Ok, detail)
 }
 
-fn cuda() -> Check {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+fn cuda(maps: &str) -> Check {
     let built = maps.contains("libtorch_cuda.so");
     match (built, tch::Cuda::is_available()) {
         (_, true) => check("CUDA", Status::Ok, format!("{} device(s)", tch::Cuda::device_count())),

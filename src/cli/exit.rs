@@ -9,8 +9,8 @@
 
 use petting::{config, pipeline, stages, store};
 
-pub const FAILED: u8 = 1;
-pub const REFUSED: u8 = 3;
+const FAILED: u8 = 1;
+const REFUSED: u8 = 3;
 
 /// The status for `error`: refused when any cause in its chain is a check's refusal.
 pub fn code(error: &anyhow::Error) -> u8 {
@@ -23,10 +23,7 @@ fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
     }
     // Transparent wrappers hide the error they wrap from the chain: look inside.
     if let Some(e) = cause.downcast_ref::<config::Error>() {
-        return match e {
-            config::Error::Store(e) => store_refused(e),
-            _ => true,
-        };
+        return config_refused(e);
     }
     if let Some(e) = cause.downcast_ref::<store::Error>() {
         return store_refused(e);
@@ -40,11 +37,20 @@ fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
             E::ConfigChanged { .. } | E::ForkIntoItself { .. } | E::Inputs { .. } => true,
             E::Store(e) => store_refused(e),
             E::Stage(e) => stage_refused(e),
-            E::Config(e) => !matches!(e, config::Error::Store(_)),
+            E::Config(e) => config_refused(e),
             _ => false,
         };
     }
     false
+}
+
+/// A run file that does not parse or validate is refused; a store it could not be read
+/// from is whatever that store error is.
+fn config_refused(e: &config::Error) -> bool {
+    match e {
+        config::Error::Store(e) => store_refused(e),
+        _ => true,
+    }
 }
 
 fn store_refused(e: &store::Error) -> bool {
@@ -62,7 +68,7 @@ fn stage_refused(e: &stages::Error) -> bool {
     match e {
         stages::Error::NotReady { .. } | stages::Error::ShardLayout { .. } | stages::Error::Update(_) => true,
         stages::Error::Store(e) => store_refused(e),
-        stages::Error::Config(e) => !matches!(e, config::Error::Store(_)),
+        stages::Error::Config(e) => config_refused(e),
         _ => false,
     }
 }

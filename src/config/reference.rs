@@ -121,7 +121,8 @@ impl<'a> Walker<'a> {
             meaning: one_line(meaning.split("\n\n").next().unwrap_or_default()),
             required,
         });
-        if value.get("properties").is_some() || value.get("oneOf").is_some_and(tagged_value) {
+        let tagged_variants = value.get("oneOf").and_then(Value::as_array).is_some_and(|v| tagged(v));
+        if value.get("properties").is_some() || tagged_variants {
             self.object(value, &path, variant);
         } else if let Some(item) = value.get("additionalProperties").filter(|a| a.is_object()) {
             self.nested(item, format!("{path}.<name>"), variant);
@@ -194,10 +195,6 @@ fn is_null(schema: &Value) -> bool {
 /// constant `name`.
 fn tagged(variants: &[Value]) -> bool {
     !variants.is_empty() && variants.iter().all(|v| v["properties"]["name"].get("const").is_some())
-}
-
-fn tagged_value(variants: &Value) -> bool {
-    variants.as_array().is_some_and(|v| tagged(v))
 }
 
 fn one_line(text: &str) -> String {
