@@ -10,6 +10,7 @@
 # Usage: scripts/bench/rollout.sh BINARY MODEL_DIR math|plan-path tree|independent LABEL [--set KEY=VALUE...]
 #   BINARY: a petting binary (e.g. target/debug/petting, or one built from an older commit)
 #   TASKS, K, MAX_NEW: tasks, candidates and new tokens (default 16, 8, 64)
+#   WRAP: a command the rollout stage runs under, e.g. WRAP="perf record -g -o rollout.perf"
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=$(realpath "$1"); model=$(realpath "$2"); workflow=$3; mode=$4; label=$5; shift 5
@@ -48,8 +49,8 @@ evaluation: {tasks: 1, samples: 1, sampling: {max_new_tokens: 4}}
 YAML
 "$bin" pipeline run "$work/bench.yaml" --until rollout:0 "$@" > "$work/setup.log" 2>&1 || { cat "$work/setup.log" >&2; exit 1; }
 status=ok
-PETTING_LOG=petting::play::responder=info /usr/bin/time -v -o "$work/time" \
-    "$bin" stage rollout "$work/run" --iteration 0 > "$work/rollout.log" 2>&1 \
+PETTING_LOG=petting::engine::responder=info /usr/bin/time -v -o "$work/time" \
+    ${WRAP:-} "$bin" stage rollout "$work/run" --iteration 0 > "$work/rollout.log" 2>&1 \
     || status="failed: $(grep -v '^\s*$' "$work/rollout.log" | tail -1)"
 rss_kib=$(awk -F': ' '/Maximum resident/ {print $2}' "$work/time")
 wall=$(awk -F': ' '/Elapsed/ {print $2}' "$work/time")

@@ -17,7 +17,7 @@ use tch::{Kind, Tensor};
 
 use super::Error;
 use super::config::{ModelConfig, RopeScaling};
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, Placement};
 use super::lora::{LoraWeights, Route};
 use super::weights::{Init, Weights};
 
@@ -226,9 +226,9 @@ pub(crate) struct Pass<'a> {
 pub(crate) enum CacheStep<'a> {
     /// No cache: attend to this pass's own positions.
     None,
-    /// Prefill: write the L new positions of slots `first..first + B` at columns
-    /// `offset..offset + L`, attend to those slots' columns `0..offset + L`.
-    Block { first: i64, offset: i64 },
+    /// Prefill: write each row's positions where the placement says, attend to its
+    /// slot's columns up to them.
+    Placed(&'a Placement),
     /// Decode: write slot i's one new position at column `columns[i]` ((B,) int64),
     /// attend to slots `0..B`, columns `0..span`.
     Columns { columns: &'a Tensor, span: i64 },
@@ -294,7 +294,7 @@ impl Attention {
         // 4. With the cache, attend to every position held so far: (B, K, S, D).
         let (key, value) = match pass.cache {
             CacheStep::None => (key, value),
-            CacheStep::Block { first, offset } => self.kv_cache.write_block(first, offset, &key, &value),
+            CacheStep::Placed(placement) => self.kv_cache.write_placed(placement, &key, &value),
             CacheStep::Columns { columns, span } => self.kv_cache.write_columns(columns, span, &key, &value),
         };
         // 5. Scaled dot-product attention; K heads serve H/K query heads each (GQA).

@@ -4,7 +4,8 @@
 //!  requests ─ one entry per distinct (prompt, adapter) ─► waiting
 //!                                                          │ admit while slots are free
 //!                                                          ▼
-//!  prefill each distinct prompt once, in chunks ─► copy its cache to its other branches
+//!  prefill the distinct prompts, ─────────────────► copy each one's cache to its other
+//!  each run of tokens they share once                branches
 //!                                                          │ sample each row's first token
 //!                                                          ▼
 //!  decode step: every running slot, one token ◄──┐  a finished row frees its slot,
@@ -13,9 +14,10 @@
 //!
 //! Memory is bounded by [`KvBudget`]: the caches hold `slots × (longest prompt +
 //! max_new_tokens)` positions, with as many slots as the budget pays for, however many
-//! requests come in. A sequence's positions start at its slot's column 0, so prefill
-//! needs only the causal mask (prompts are right-padded; a real token never sees the
-//! padding after it) and a decode step masks each slot's columns past its own length.
+//! requests come in. A sequence's positions start at its slot's column 0; prefill writes
+//! a prompt's tokens after the prefix its slot holds (computed there, or copied from the
+//! slot of a prompt that shares it), and a decode step masks each slot's columns past its
+//! own length.
 //! A row's sample depends only on its seed and its step, and each row computes what it
 //! would compute alone, so results do not depend on the budget, the admission order or
 //! the batch mates (up to float summation order).
@@ -26,8 +28,10 @@ use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 use super::decoder::{CacheStep, Pass};
+use super::kv_cache::Placement;
 use super::language_model::LanguageModel;
 use super::lora::Route;
+use super::prefill_plan::{self, Segment};
 use super::sampler::{Sampler, Sampling};
 use super::{Error, Result};
 
@@ -163,7 +167,7 @@ pub struct GenerationStats {
     pub slots: usize,
     /// Bytes of the key/value caches.
     pub kv_cache_bytes: u64,
-    /// Prompt tokens prefilled (each distinct prompt once).
+    /// Prompt tokens computed (each run of tokens that prompts share once).
     pub prefill_tokens: usize,
     /// Rows that started from another row's prefilled prompt.
     pub shared_prefills: usize,
@@ -175,9 +179,8 @@ pub struct GenerationStats {
     pub generated_tokens: usize,
 }
 
-/// A distinct (prompt, adapter) and the requests still waiting to start from it.
+/// The requests of a distinct (prompt, adapter) still waiting to start.
 struct Waiting {
-    prompt: usize,
     requests: VecDeque<usize>,
 }
 
@@ -248,9 +251,9 @@ impl LanguageModel {
         let mut done: Vec<Option<Generation>> = vec![None; requests.len()];
         loop {
             let started = Instant::now();
-            let joined = self.admit(&call, &mut waiting, &mut running, slots, &mut stats);
+            let joined = self.admit(&mut waiting, &mut running, slots, &mut stats);
             if !joined.sources.is_empty() {
-                let logits = self.prefill(&call, &mut running, &joined);
+                let logits = self.prefill(&call, &mut running, &joined, &mut stats);
                 self.sample_and_retire(&call, &logits, &mut running, joined.first, &mut done)?;
                 stats.prefill_seconds += started.elapsed().as_secs_f64();
                 stats.kv_cache_bytes = stats.kv_cache_bytes.max(self.lm.kv_cache_bytes());
@@ -334,7 +337,6 @@ impl LanguageModel {
     /// nothing runs, when it takes what is free.
     fn admit(
         &self,
-        call: &Call,
         waiting: &mut VecDeque<Waiting>,
         running: &mut Vec<Row>,
         slots: usize,
@@ -343,21 +345,16 @@ impl LanguageModel {
         let mut free = slots - running.len();
         let mut firsts = Vec::new();
         let mut others = Vec::new();
-        let mut longest = 0;
         for w in waiting.iter_mut() {
-            let len = call.requests[w.prompt].prompt_ids.len();
-            let over_prefill = !firsts.is_empty() && (firsts.len() + 1) * longest.max(len) > PREFILL_TOKENS;
             let alone = running.is_empty() && firsts.is_empty();
-            if free == 0 || over_prefill || !(w.requests.len() <= free || alone) {
+            if free == 0 || !(w.requests.len() <= free || alone) {
                 break;
             }
             let take = w.requests.len().min(free);
             free -= take;
-            longest = longest.max(len);
             let source = firsts.len();
             firsts.push(w.requests.pop_front().expect("a waiting prompt has requests"));
             others.extend(w.requests.drain(..take - 1).map(|r| (r, source)));
-            stats.prefill_tokens += len;
             stats.shared_prefills += take - 1;
         }
         waiting.retain(|w| !w.requests.is_empty());
@@ -374,7 +371,7 @@ impl LanguageModel {
 
     /// Prefills the distinct prompts of the rows that joined and copies each one's cache
     /// to its other branches; returns every joined row's next-token logits, (joined, V).
-    fn prefill(&mut self, call: &Call, running: &mut [Row], joined: &Joined) -> Tensor {
+    fn prefill(&mut self, call: &Call, running: &mut [Row], joined: &Joined, stats: &mut GenerationStats) -> Tensor {
         let rows = &mut running[joined.first..];
         for row in rows.iter_mut() {
             row.len = call.requests[row.request].prompt_ids.len() as i64;
@@ -382,7 +379,8 @@ impl LanguageModel {
         let distinct = &rows[..joined.distinct];
         let prompts: Vec<&[i64]> = distinct.iter().map(|r| call.requests[r.request].prompt_ids.as_slice()).collect();
         let adapters: Vec<Option<usize>> = distinct.iter().map(|r| call.adapters[r.request]).collect();
-        let last_hidden = self.prefill_prompts(&prompts, &adapters, joined.first as i64);
+        let (last_hidden, computed) = self.prefill_prompts(&prompts, &adapters, joined.first as i64);
+        stats.prefill_tokens += computed;
         for (k, &source) in joined.sources.iter().enumerate().skip(joined.distinct) {
             let (from, to) = (joined.first + source, joined.first + k);
             self.lm.copy_kv_slot(from as i64, to as i64, rows[k].len);
@@ -392,38 +390,68 @@ impl LanguageModel {
         logits.index_select(0, &Tensor::from_slice(&sources).to_device(logits.device()))
     }
 
-    /// Runs right-padded prompts through the model into slots `first..`, at most
-    /// [`PREFILL_TOKENS`] per forward; returns each prompt's last hidden state, (B, E).
-    fn prefill_prompts(&mut self, prompts: &[&[i64]], adapters: &[Option<usize>], first: i64) -> Tensor {
-        let device = self.device();
-        let kind = self.kind();
-        let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-        let pad = self.pad_id();
-        let ids: Vec<Vec<i64>> = prompts
-            .iter()
-            .map(|p| p.iter().copied().chain(std::iter::repeat_n(pad, longest - p.len())).collect())
-            .collect();
-        let route = Route::new(adapters, device, None);
-        let chunk = (PREFILL_TOKENS / prompts.len()).max(1);
+    /// Runs the prompts through the model into slots `first..`, each run of tokens that
+    /// prompts share computed once ([`prefill_plan`]), at most [`PREFILL_TOKENS`]
+    /// positions per forward; returns each prompt's last hidden state, (B, E), and the
+    /// tokens computed.
+    fn prefill_prompts(&mut self, prompts: &[&[i64]], adapters: &[Option<usize>], first: i64) -> (Tensor, usize) {
         let mut last: Vec<Option<Tensor>> = (0..prompts.len()).map(|_| None).collect();
-        for offset in (0..longest).step_by(chunk) {
-            let l = chunk.min(longest - offset);
-            let input: Vec<Vec<i64>> = ids.iter().map(|row| row[offset..offset + l].to_vec()).collect();
-            let positions =
-                Tensor::arange_start(offset as i64, (offset + l) as i64, (Kind::Int64, device)).unsqueeze(0);
-            let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
-            // The first chunk is plain causal attention; a later one sees every earlier column.
-            let mask = (offset > 0).then(|| chunk_mask(offset as i64, l as i64, device));
-            let cache = CacheStep::Block { first, offset: offset as i64 };
-            let pass = Pass { cos, sin, mask, causal: true, cache, route: &route };
-            let hidden = self.lm.hidden(&self.ids_tensor(&input), &pass);
-            for (i, p) in prompts.iter().enumerate() {
-                if (offset..offset + l).contains(&(p.len() - 1)) {
-                    last[i] = Some(hidden.get(i as i64).get((p.len() - 1 - offset) as i64));
+        let mut computed = 0;
+        for level in prefill_plan::plan(prompts, adapters) {
+            computed += level.iter().map(|s| s.end - s.start).sum::<usize>();
+            for segment in &level {
+                if let Some(from) = segment.copy_from {
+                    self.lm.copy_kv_slot(first + from as i64, first + segment.prompt as i64, segment.start as i64);
+                }
+            }
+            for forward in prefill_plan::forwards(&level, PREFILL_TOKENS) {
+                let hidden = self.prefill_forward(prompts, adapters, first, &forward);
+                for (row, segment) in forward.iter().enumerate() {
+                    if segment.end == prompts[segment.prompt].len() {
+                        let at = (segment.end - segment.start - 1) as i64;
+                        last[segment.prompt] = Some(hidden.get(row as i64).get(at));
+                    }
                 }
             }
         }
-        Tensor::stack(&last.into_iter().map(|t| t.expect("every prompt ends in a chunk")).collect::<Vec<_>>(), 0)
+        let last: Vec<Tensor> = last.into_iter().map(|t| t.expect("every prompt ends in a segment")).collect();
+        (Tensor::stack(&last, 0), computed)
+    }
+
+    /// One forward over segments of prompts, right-padded, each into its prompt's slot on
+    /// top of the columns that slot holds; returns the hidden states, (B, L, E).
+    fn prefill_forward(
+        &mut self,
+        prompts: &[&[i64]],
+        adapters: &[Option<usize>],
+        first: i64,
+        segments: &[Segment],
+    ) -> Tensor {
+        let device = self.device();
+        let l = segments.iter().map(|s| s.end - s.start).max().unwrap_or(0);
+        let pad = self.pad_id();
+        let ids: Vec<Vec<i64>> = segments
+            .iter()
+            .map(|s| {
+                let tokens = &prompts[s.prompt][s.start..s.end];
+                tokens.iter().copied().chain(std::iter::repeat_n(pad, l - tokens.len())).collect()
+            })
+            .collect();
+        let positions: Vec<i64> = segments.iter().flat_map(|s| (s.start..s.start + l).map(|p| p as i64)).collect();
+        let positions = Tensor::from_slice(&positions).view([segments.len() as i64, l as i64]).to_device(device);
+        let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, self.kind());
+        let placed: Vec<(i64, i64, i64)> =
+            segments.iter().map(|s| (first + s.prompt as i64, s.start as i64, (s.end - s.start) as i64)).collect();
+        let placement = Placement::new(&placed, l as i64, device);
+        // Rows on top of cached columns see all of them and their own positions causally.
+        let mask = (!placement.fresh()).then(|| {
+            let keys = Tensor::arange(placement.span(), (Kind::Int64, device)).view([1, 1, 1, -1]);
+            keys.le_tensor(&positions.unsqueeze(1).unsqueeze(-1))
+        });
+        let row_adapters: Vec<Option<usize>> = segments.iter().map(|s| adapters[s.prompt]).collect();
+        let route = Route::new(&row_adapters, device, None);
+        let pass = Pass { cos, sin, mask, causal: true, cache: CacheStep::Placed(&placement), route: &route };
+        self.lm.hidden(&self.ids_tensor(&ids), &pass)
     }
 
     /// Feeds every running row its last sampled token; returns the next-token logits, (n, V).
@@ -554,16 +582,9 @@ fn distinct_prompts(requests: &[GenerationRequest]) -> VecDeque<Waiting> {
             Some(&w) => waiting[w].requests.push_back(i),
             None => {
                 index.insert(key, waiting.len());
-                waiting.push(Waiting { prompt: i, requests: VecDeque::from([i]) });
+                waiting.push(Waiting { requests: VecDeque::from([i]) });
             }
         }
     }
     waiting.into()
-}
-
-/// (1, 1, L, offset + L) mask of a prefill chunk at `offset`: query i sees columns ≤ offset + i.
-fn chunk_mask(offset: i64, l: i64, device: Device) -> Tensor {
-    let keys = Tensor::arange(offset + l, (Kind::Int64, device)).view([1, -1]);
-    let queries = Tensor::arange_start(offset, offset + l, (Kind::Int64, device)).view([-1, 1]);
-    keys.le_tensor(&queries).view([1, 1, l, offset + l])
 }

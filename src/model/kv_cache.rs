@@ -10,10 +10,11 @@
 //!  slot 2  [p p p p p p g g g .]
 //! ```
 //!
-//! Prefill writes a block of columns for a run of slots; a decode step writes one column
-//! per slot, each at its own length. A finished sequence's slot is refilled by moving the
-//! last running slot into it (one slot's columns, not the whole cache), so the running
-//! slots stay `0..n` and every forward works on views.
+//! Prefill writes each row's positions into its slot from the column where that slot's
+//! cached prefix ends; a decode step writes one column per slot, each at its own length.
+//! A finished sequence's slot is refilled by moving the last running slot into it (one
+//! slot's columns, not the whole cache), so the running slots stay `0..n` and every
+//! decode step works on views.
 
 use tch::Tensor;
 
@@ -50,15 +51,22 @@ impl KvCache {
         })
     }
 
-    /// Writes (m, H_kv, L, D) keys and values into slots `first..first + m` at columns
-    /// `offset..offset + L`; returns those slots' columns `0..offset + L`.
-    pub fn write_block(&mut self, first: i64, offset: i64, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
-        let (m, l) = (k.size()[0], k.size()[2]);
+    /// Writes a prefill forward's (B, H_kv, L, D) keys and values where `placement` puts
+    /// them; returns what its rows attend to: their slots' columns `0..span`, or the
+    /// forward's own keys and values when every row starts at column 0.
+    pub fn write_placed(&mut self, placement: &Placement, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let (b, h, l, d) = k.size4().expect("keys are (B, H_kv, L, D)");
         let (kb, vb) = self.buffers_like(k);
-        let (kb, vb) = (kb.narrow(0, first, m), vb.narrow(0, first, m));
-        kb.narrow(2, offset, l).copy_(k);
-        vb.narrow(2, offset, l).copy_(v);
-        (kb.narrow(2, 0, offset + l), vb.narrow(2, 0, offset + l))
+        let (mut kb, mut vb) = (kb.shallow_clone(), vb.shallow_clone());
+        for (buffer, x) in [(&mut kb, k), (&mut vb, v)] {
+            let written = x.transpose(1, 2).reshape([b * l, h, d]).index_select(0, &placement.source);
+            let _ = buffer.index_put_(&[Some(&placement.slot), None, Some(&placement.column)], &written, false);
+        }
+        if placement.fresh {
+            return (k.shallow_clone(), v.shallow_clone());
+        }
+        let attended = |buffer: &Tensor| buffer.narrow(2, 0, placement.span).index_select(0, &placement.rows);
+        (attended(&kb), attended(&vb))
     }
 
     /// Writes one (n, H_kv, 1, D) column per slot `0..n`, slot i at column `columns[i]`
@@ -83,6 +91,52 @@ impl KvCache {
     }
 }
 
+/// Where the positions of one prefill forward go: row r's first `lens[r]` of its L
+/// positions into slot `slots[r]` at columns `starts[r]..` (the rest is padding).
+pub struct Placement {
+    /// (B,) the slot of each row.
+    rows: Tensor,
+    /// (N,) each written position's index among the forward's B·L, its slot and column.
+    source: Tensor,
+    slot: Tensor,
+    column: Tensor,
+    /// Columns a row attends to: `0..span` of its slot.
+    span: i64,
+    /// Every row starts at column 0: it attends only to this forward's positions.
+    fresh: bool,
+}
+
+impl Placement {
+    /// `segments`: (slot, start column, length) of each row; `l` the forward's length.
+    pub fn new(segments: &[(i64, i64, i64)], l: i64, device: tch::Device) -> Placement {
+        let mut source = Vec::new();
+        let (mut slot, mut column) = (Vec::new(), Vec::new());
+        for (r, &(s, start, len)) in segments.iter().enumerate() {
+            source.extend((0..len).map(|i| r as i64 * l + i));
+            slot.extend(std::iter::repeat_n(s, len as usize));
+            column.extend(start..start + len);
+        }
+        let tensor = |values: &[i64]| Tensor::from_slice(values).to_device(device);
+        let rows: Vec<i64> = segments.iter().map(|&(s, _, _)| s).collect();
+        Placement {
+            rows: tensor(&rows),
+            source: tensor(&source),
+            slot: tensor(&slot),
+            column: tensor(&column),
+            span: segments.iter().map(|&(_, start, len)| start + len).max().unwrap_or(0),
+            fresh: segments.iter().all(|&(_, start, _)| start == 0),
+        }
+    }
+
+    pub fn fresh(&self) -> bool {
+        self.fresh
+    }
+
+    pub fn span(&self) -> i64 {
+        self.span
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,11 +150,22 @@ mod tests {
     fn blocks_and_columns_land_in_their_slots_and_columns() {
         let mut cache = KvCache::default();
         cache.reserve(3, 6);
-        // Slots 1 and 2 get a 3-column block at offset 0, then one more column at 3.
-        let (k, _) = cache.write_block(1, 0, &filled([2, 1, 3, 2], 1.0), &filled([2, 1, 3, 2], -1.0));
+        // Slots 2 and 1 get 3 columns at 0 (slot 1 two of them, the third padding), then
+        // one more column each at their own lengths.
+        let fresh = Placement::new(&[(2, 0, 3), (1, 0, 2)], 3, Device::Cpu);
+        let (k, _) = cache.write_placed(&fresh, &filled([2, 1, 3, 2], 1.0), &filled([2, 1, 3, 2], -1.0));
         assert_eq!(k.size(), vec![2, 1, 3, 2]);
-        let (k, v) = cache.write_block(1, 3, &filled([2, 1, 1, 2], 2.0), &filled([2, 1, 1, 2], -2.0));
-        assert_eq!((k.size(), v.double_value(&[1, 0, 3, 0])), (vec![2, 1, 4, 2], -2.0));
+        let on_top = Placement::new(&[(2, 3, 1), (1, 2, 1)], 1, Device::Cpu);
+        let (k, v) = cache.write_placed(&on_top, &filled([2, 1, 1, 2], 2.0), &filled([2, 1, 1, 2], -2.0));
+        assert_eq!(
+            (k.size(), v.double_value(&[0, 0, 3, 0]), v.double_value(&[1, 0, 2, 0])),
+            (vec![2, 1, 4, 2], -2.0, -2.0)
+        );
+        assert_eq!(
+            (k.double_value(&[0, 0, 0, 0]), k.double_value(&[1, 0, 3, 0])),
+            (1.0, 0.0),
+            "slot 1's column 3 is free"
+        );
         // Slot 0 copies slot 2's four columns; then each slot writes its own next column.
         cache.copy_slot(2, 0, 4);
         let columns = Tensor::from_slice(&[4i64, 5, 4]);

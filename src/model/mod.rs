@@ -27,6 +27,7 @@ pub mod gguf;
 mod kv_cache;
 mod language_model;
 mod lora;
+mod prefill_plan;
 mod sampler;
 mod score;
 mod tokenizer;

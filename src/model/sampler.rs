@@ -107,7 +107,7 @@ impl Sampler {
         let (tokens, temperature) = match self.sampling {
             Sampling::Greedy => (scores.argmax(-1, false), 1.0),
             Sampling::Sample { temperature, top_k, top_p } => {
-                let scores = scores / temperature;
+                let scores = if temperature == 1.0 { scores } else { scores / temperature };
                 let draws: Vec<f64> = seeds.iter().zip(steps).map(|(&s, &t)| unit_f64(Counter::at(s, t))).collect();
                 let tokens = match candidates(&scores, top_k, top_p) {
                     Candidates::Head { scores, ids } => {

@@ -95,6 +95,40 @@ fn branches_sampled_from_one_shared_prefill_match_separate_prefills() {
 }
 
 #[test]
+fn prompts_that_share_prefixes_compute_them_once_with_what_each_prompt_gets_alone() {
+    let mut policy = llama();
+    // Every prompt starts with a 24-token "system" text; two tasks of 18 tokens each follow,
+    // then three tails per task; one prompt is the system and the first task alone (a
+    // prefix of three others), and one shares only 5 tokens of the system text.
+    let system: Vec<i64> = (0..24).map(|t| 7 + t).collect();
+    let task = |k: i64| -> Vec<i64> { (0..18).map(|t| 100 + 40 * k + t).collect() };
+    let tails: [&[i64]; 3] = [&[300, 301, 302], &[310, 311], &[300, 301, 302, 303, 304]];
+    let mut prompts: Vec<Vec<i64>> = Vec::new();
+    for k in 0..2 {
+        for tail in tails {
+            prompts.push([system.clone(), task(k), tail.to_vec()].concat());
+        }
+    }
+    prompts.push([system.clone(), task(0)].concat());
+    prompts.push([&system[..5], &[450, 451, 452]].concat());
+    for settings in [sampled(8), GenerationSettings { sampling: Sampling::Greedy, ..sampled(8) }] {
+        let requests: Vec<GenerationRequest> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), seed: 7 + i as u64, adapter: None })
+            .collect();
+        let (shared, stats) = generate(&mut policy, &requests, &settings);
+        // The system text once; the first task once but for its last token, which each of
+        // its four prompts computes with its tail (tails share under 16 tokens); the
+        // second task once, then its tails; the prompt that shares 5 tokens whole.
+        assert_eq!(stats.prefill_tokens, 24 + (17 + 4 + 3 + 6 + 1) + (18 + 3 + 2 + 5) + 8);
+        let separate: Vec<Generation> =
+            requests.iter().flat_map(|r| policy.generate(std::slice::from_ref(r), &settings).unwrap()).collect();
+        assert_same(&shared, &separate);
+    }
+}
+
+#[test]
 fn continuous_batching_gives_the_per_row_results_of_static_batching() {
     let mut policy = llama();
     // Common tokens as EOS, so that rows finish at different steps and free their slots.
