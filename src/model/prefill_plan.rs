@@ -56,7 +56,8 @@ pub(crate) fn plan<G: PartialEq>(prompts: &[&[i64]], groups: &[G]) -> Vec<Vec<Se
 /// The forwards of one level, in order: its segments cut into pieces of at most `tokens`
 /// tokens (a segment's later pieces attend to its earlier ones, so each round of pieces
 /// runs after the one before), each round's pieces grouped longest first into forwards of
-/// at most `tokens` positions with padding, so that rows of a forward have similar lengths.
+/// at most `tokens` positions with padding, a row at least 7/8 of its forward's longest so
+/// that padding stays under an eighth of the work.
 pub(crate) fn forwards(level: &[Segment], tokens: usize) -> Vec<Vec<Segment>> {
     let rounds = level.iter().map(|s| (s.end - s.start).div_ceil(tokens)).max().unwrap_or(0);
     let mut out = Vec::new();
@@ -73,7 +74,8 @@ pub(crate) fn forwards(level: &[Segment], tokens: usize) -> Vec<Vec<Segment>> {
         let mut forward: Vec<Segment> = Vec::new();
         for piece in pieces {
             let longest = forward.first().map_or(0, |f| f.end - f.start);
-            if !forward.is_empty() && (forward.len() + 1) * longest > tokens {
+            let short = 8 * (piece.end - piece.start) < 7 * longest;
+            if !forward.is_empty() && ((forward.len() + 1) * longest > tokens || short) {
                 out.push(std::mem::take(&mut forward));
             }
             forward.push(piece);
@@ -230,13 +232,30 @@ mod tests {
 
     #[test]
     fn forwards_cut_long_segments_and_group_similar_lengths_within_the_budget() {
-        let level = [seg(0, 0, 10, None), seg(1, 5, 8, Some(0)), seg(2, 0, 9, None), seg(3, 0, 25, None)];
+        let level = [
+            seg(0, 0, 10, None),
+            seg(1, 5, 8, Some(0)),
+            seg(2, 0, 9, None),
+            seg(3, 0, 25, None),
+            seg(4, 3, 6, None),
+            seg(5, 0, 8, None),
+        ];
         let forwards = forwards(&level, 20);
         let shapes: Vec<Vec<(usize, usize, usize)>> =
             forwards.iter().map(|f| f.iter().map(|s| (s.prompt, s.start, s.end)).collect()).collect();
-        // Round 0: 20 + 10 + 9 + 3 tokens, longest first, at most 20 padded positions each;
-        // round 1: the rest of prompt 3, after its first 20.
-        assert_eq!(shapes, vec![vec![(3, 0, 20)], vec![(0, 0, 10), (2, 0, 9)], vec![(1, 5, 8)], vec![(3, 20, 25)]]);
+        // Round 0, longest first: 20 tokens alone (a second row would pass 20 positions);
+        // 10 and 9 together (18 positions), 8 is under 7/8 of 10; 8, 3 and 3 would pad the
+        // 3s to 8. Round 1: the rest of prompt 3, after its first 20.
+        assert_eq!(
+            shapes,
+            vec![
+                vec![(3, 0, 20)],
+                vec![(0, 0, 10), (2, 0, 9)],
+                vec![(5, 0, 8)],
+                vec![(1, 5, 8), (4, 3, 6)],
+                vec![(3, 20, 25)],
+            ]
+        );
     }
 
     #[test]
