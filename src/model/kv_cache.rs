@@ -91,8 +91,8 @@ impl KvCache {
     }
 }
 
-/// Where the positions of one prefill forward go: row r's first `lens[r]` of its L
-/// positions into slot `slots[r]` at columns `starts[r]..` (the rest is padding).
+/// Where the positions of one prefill forward go: each row's first `length` of its L
+/// positions into its `slot` from column `start` on (the rest is padding).
 pub struct Placement {
     /// (B,) the slot of each row.
     rows: Tensor,
