@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine table of BENCHMARKS.md: the same rollouts (prompts, seeds, model) sampled by
 # petting's tch sampler and by a vLLM server, one after the other, with
-# scripts/bench-rollout.sh. The server must serve models/smollm2-135m-instruct (e.g.
+# scripts/bench/rollout.sh. The server must serve models/smollm2-135m-instruct (e.g.
 # `scripts/servers/vllm.sh serve 8411`); it holds v0 already (the base), so petting
 # only probes it (vllm.load_weights: false).
 #
