@@ -1,10 +1,12 @@
 //! Gives every binary of this crate (the CLI, tests, benches) an rpath to the
-//! libtorch that torch-sys linked against, so they run without LD_LIBRARY_PATH, and
-//! keeps libtorch's CUDA backend linked when building against the CUDA libtorch.
+//! libtorch that torch-sys linked against, so they run without LD_LIBRARY_PATH, keeps
+//! libtorch's CUDA backend linked when building against the CUDA libtorch, and compiles
+//! the C++ in `csrc/` against the same libtorch.
 
 use std::path::Path;
 
 fn main() {
+    println!("cargo:rerun-if-changed=csrc");
     // torch-sys declares `links = "tch"` and reports its lib folder as `libtorch_lib`.
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else { return };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
@@ -13,4 +15,20 @@ fn main() {
     if Path::new(&lib).join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+    let include = Path::new(&lib).parent().expect("libtorch's lib folder has a parent").join("include");
+    // torch-sys builds its own C++ with the same flags (the PyPI wheels use the C++11 ABI).
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&include)
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .opt_level(2)
+        .file("csrc/onednn_linear.cpp")
+        .compile("petting_csrc");
+    println!("cargo:rustc-link-lib=torch_cpu");
+    println!("cargo:rustc-link-lib=c10");
 }

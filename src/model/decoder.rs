@@ -19,6 +19,7 @@ use super::Error;
 use super::config::{ModelConfig, RopeScaling};
 use super::kv_cache::{KvCache, Placement};
 use super::lora::{LoraWeights, Route};
+use super::packed_linear::{PackedWeight, packable};
 use super::weights::{Init, Weights};
 
 /// Adds a tensor from `weights` under `path.name` to the VarStore.
@@ -116,6 +117,8 @@ pub(crate) struct Linear {
     pub(crate) prefix: String,
     /// Adapters by slot; `None` where an adapter does not target this layer.
     pub(crate) adapters: Vec<Option<LoraWeights>>,
+    /// The weight packed for the generate call under way ([`CausalLm::pack_weights`]).
+    packed: Option<PackedWeight>,
 }
 
 impl Linear {
@@ -132,13 +135,16 @@ impl Linear {
         let weight = param(&sub, "weight", &[out_dim, in_dim], Init::Normal(std), weights)?;
         let bias = if bias { Some(param(&sub, "bias", &[out_dim], Init::Zeros, weights)?) } else { None };
         let prefix = sub.components().collect::<Vec<_>>().join(".");
-        Ok(Linear { weight, bias, name, prefix, adapters: Vec::new() })
+        Ok(Linear { weight, bias, name, prefix, adapters: Vec::new(), packed: None })
     }
 
     /// (…, in) → (…, out).
-    pub(crate) fn forward(&self, x: &Tensor, route: &Route) -> Tensor {
-        let y = linear(x, &self.weight, self.bias.as_ref());
-        route.apply(&self.adapters, &self.prefix, x, y)
+    pub(crate) fn forward(&self, x: &Tensor, pass: &Pass) -> Tensor {
+        let y = match (&self.packed, pass.packed) {
+            (Some(packed), true) => packed.forward(x, self.bias.as_ref()),
+            _ => linear(x, &self.weight, self.bias.as_ref()),
+        };
+        pass.route.apply(&self.adapters, &self.prefix, x, y)
     }
 }
 
@@ -199,9 +205,9 @@ impl Mlp {
     }
 
     /// down(silu(gate(x)) · up(x)); (B, L, E) → (B, L, E).
-    fn forward(&self, x: &Tensor, route: &Route) -> Tensor {
-        let gate = self.gate_proj.forward(x, route).silu();
-        self.down_proj.forward(&(gate * self.up_proj.forward(x, route)), route)
+    fn forward(&self, x: &Tensor, pass: &Pass) -> Tensor {
+        let gate = self.gate_proj.forward(x, pass).silu();
+        self.down_proj.forward(&(gate * self.up_proj.forward(x, pass)), pass)
     }
 }
 
@@ -220,6 +226,9 @@ pub(crate) struct Pass<'a> {
     /// Where this pass's keys and values go in each block's cache, if anywhere.
     pub(crate) cache: CacheStep<'a>,
     pub(crate) route: &'a Route,
+    /// Multiply by the weights packed for this generate call, where packed: only the
+    /// sampler's forwards, which run inside the call that packed them.
+    pub(crate) packed: bool,
 }
 
 /// How a forward uses the blocks' caches ([`KvCache`]).
@@ -281,9 +290,9 @@ impl Attention {
         let (b, l, _) = x.size3().expect("attention input is (B, L, E)");
         let (h, k, d) = (self.heads, self.kv_heads, self.head_dim);
         // 1. Projections, split into heads: (B, L, H|K, D).
-        let q = self.q_proj.forward(x, pass.route).view([b, l, h, d]);
-        let key = self.k_proj.forward(x, pass.route).view([b, l, k, d]);
-        let value = self.v_proj.forward(x, pass.route).view([b, l, k, d]);
+        let q = self.q_proj.forward(x, pass).view([b, l, h, d]);
+        let key = self.k_proj.forward(x, pass).view([b, l, k, d]);
+        let value = self.v_proj.forward(x, pass).view([b, l, k, d]);
         // 2. Qwen3 normalises each head of q and k before the rotation.
         let q = self.q_norm.as_ref().map_or(q.shallow_clone(), |n| n.forward(&q));
         let key = self.k_norm.as_ref().map_or(key.shallow_clone(), |n| n.forward(&key));
@@ -316,7 +325,7 @@ impl Attention {
             grouped,
         );
         // 6. Heads back together: (B, L, H·D) → (B, L, E).
-        self.o_proj.forward(&y.transpose(1, 2).reshape([b, l, h * d]), pass.route)
+        self.o_proj.forward(&y.transpose(1, 2).reshape([b, l, h * d]), pass)
     }
 }
 
@@ -362,7 +371,7 @@ impl DecoderLayer {
     /// Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(·)). (B, L, E).
     pub(crate) fn forward(&mut self, x: &Tensor, pass: &Pass) -> Tensor {
         let x = x + self.self_attn.forward(&self.input_layernorm.forward(x), pass);
-        let mlp = self.mlp.forward(&self.post_attention_layernorm.forward(&x), pass.route);
+        let mlp = self.mlp.forward(&self.post_attention_layernorm.forward(&x), pass);
         x + mlp
     }
 }
@@ -386,6 +395,8 @@ pub struct CausalLm {
     pub(crate) model: Model,
     /// (V, E): the embedding itself when tied.
     pub(crate) lm_head: Tensor,
+    /// The lm_head packed for the generate call under way.
+    packed_head: Option<PackedWeight>,
     pub(crate) config: ModelConfig,
 }
 
@@ -406,7 +417,12 @@ impl CausalLm {
             param(&(&root / "lm_head"), "weight", &[v, e], Init::Normal(cfg.initializer_range), weights)?
         };
         let rotary = Rotary::new(cfg, root.device());
-        Ok(CausalLm { model: Model { embed_tokens, layers, norm, rotary }, lm_head, config: cfg.clone() })
+        Ok(CausalLm {
+            model: Model { embed_tokens, layers, norm, rotary },
+            lm_head,
+            packed_head: None,
+            config: cfg.clone(),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -430,8 +446,37 @@ impl CausalLm {
     /// Logits of the last position only, (B, V): what sampling needs.
     pub(crate) fn logits_last(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
         let hidden = self.hidden(input_ids, pass);
-        let last = hidden.size()[1] - 1;
-        self.head(&hidden.select(1, last))
+        let last = hidden.select(1, hidden.size()[1] - 1);
+        if pass.packed { self.sampling_head(&last) } else { self.head(&last) }
+    }
+
+    /// [`CausalLm::head`] by the lm_head packed for the generate call under way, if packed.
+    pub(crate) fn sampling_head(&self, hidden: &Tensor) -> Tensor {
+        match &self.packed_head {
+            Some(packed) => packed.forward(hidden, None),
+            None => self.head(hidden),
+        }
+    }
+
+    /// Packs every linear weight and the lm_head for oneDNN where they can be
+    /// ([`packed_linear`](super::packed_linear)), for the forwards of one generate call
+    /// whose passes say `packed`; [`CausalLm::unpack_weights`] drops them after.
+    pub(crate) fn pack_weights(&mut self) -> Result<(), Error> {
+        if !packable(&self.lm_head) {
+            return Ok(());
+        }
+        for linear in self.linears_mut() {
+            linear.packed = Some(PackedWeight::new(&linear.weight)?);
+        }
+        self.packed_head = Some(PackedWeight::new(&self.lm_head)?);
+        Ok(())
+    }
+
+    pub(crate) fn unpack_weights(&mut self) {
+        for linear in self.linears_mut() {
+            linear.packed = None;
+        }
+        self.packed_head = None;
     }
 
     /// Logits of every position, (B, L, V): what log-probabilities and training need.

@@ -229,7 +229,13 @@ impl LanguageModel {
                 settings.max_new_tokens
             )
         };
-        let result = super::guard(during, || tch::no_grad(|| self.generate_inner(requests, settings)));
+        let result = super::guard(during, || {
+            tch::no_grad(|| {
+                self.lm.pack_weights()?;
+                self.generate_inner(requests, settings)
+            })
+        });
+        self.lm.unpack_weights();
         self.lm.clear_kv_cache();
         result
     }
@@ -385,7 +391,7 @@ impl LanguageModel {
             let (from, to) = (joined.first + source, joined.first + k);
             self.lm.copy_kv_slot(from as i64, to as i64, rows[k].len);
         }
-        let logits = self.lm.head(&last_hidden);
+        let logits = self.lm.sampling_head(&last_hidden);
         let sources: Vec<i64> = joined.sources.iter().map(|&s| s as i64).collect();
         logits.index_select(0, &Tensor::from_slice(&sources).to_device(logits.device()))
     }
@@ -450,7 +456,8 @@ impl LanguageModel {
         });
         let row_adapters: Vec<Option<usize>> = segments.iter().map(|s| adapters[s.prompt]).collect();
         let route = Route::new(&row_adapters, device, None);
-        let pass = Pass { cos, sin, mask, causal: true, cache: CacheStep::Placed(&placement), route: &route };
+        let pass =
+            Pass { cos, sin, mask, causal: true, cache: CacheStep::Placed(&placement), route: &route, packed: true };
         self.lm.hidden(&self.ids_tensor(&ids), &pass)
     }
 
@@ -476,6 +483,7 @@ impl LanguageModel {
             causal: false,
             cache: CacheStep::Columns { columns: &columns, span },
             route: &route,
+            packed: true,
         };
         let logits = self.lm.logits_last(&Tensor::from_slice(&next).view([n, 1]).to_device(device), &pass);
         for row in running.iter_mut() {

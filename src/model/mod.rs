@@ -27,6 +27,7 @@ pub mod gguf;
 mod kv_cache;
 mod language_model;
 mod lora;
+mod packed_linear;
 mod prefill_plan;
 mod sampler;
 mod score;

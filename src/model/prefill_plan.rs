@@ -269,7 +269,7 @@ mod tests {
             })
             .collect();
         let slices: Vec<&[i64]> = prompts.iter().map(Vec::as_slice).collect();
-        let levels = plan(&slices, &vec![(); 16]);
+        let levels = plan(&slices, &[(); 16]);
         check_covers(&slices, &levels);
         let computed: usize = levels.iter().flatten().map(|s| s.end - s.start).sum();
         let tails: usize = (0..16).map(|i| 3 + i % 5).sum();

@@ -177,7 +177,8 @@ impl LanguageModel {
         let positions = to_dev(&layout.positions).view([b, l]);
         let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
         let attention_mask = layout.segments.as_ref().map(|s| shared_prefix_mask(&to_dev(s).view([b, l])));
-        let pass = Pass { cos, sin, mask: attention_mask, causal: true, cache: CacheStep::None, route: &route };
+        let pass =
+            Pass { cos, sin, mask: attention_mask, causal: true, cache: CacheStep::None, route: &route, packed: false };
 
         let indices = layout.indices;
         let rows = ResponseRows {
@@ -260,6 +261,7 @@ impl LanguageModel {
                 causal: true,
                 cache: CacheStep::None,
                 route: &route,
+                packed: false,
             };
             let logits = self.lm.logits_all(&self.ids_tensor(&rows), &pass).to_kind(Kind::Float);
             Ok(sequences
