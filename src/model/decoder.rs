@@ -472,6 +472,15 @@ impl CausalLm {
         Ok(())
     }
 
+    /// Bytes of every linear weight and the lm_head: what [`CausalLm::pack_weights`] copies.
+    pub(crate) fn linear_weight_bytes(&self) -> u64 {
+        let layers = self.model.layers.iter().flat_map(|l| {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj].map(|p| &p.weight)
+        });
+        layers.chain([&self.lm_head]).map(|w| (w.numel() * w.kind().elt_size_in_bytes()) as u64).sum()
+    }
+
     pub(crate) fn unpack_weights(&mut self) {
         for linear in self.linears_mut() {
             linear.packed = None;

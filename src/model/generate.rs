@@ -88,6 +88,13 @@ fn available_ram_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Whether a packed copy of the weights (`weights` bytes) fits in the RAM available
+/// beside the caches the call may fill: packing speeds sampling up, and must never be
+/// what runs it out of memory.
+fn room_to_pack(available: Option<u64>, weights: u64, kv_budget: u64) -> bool {
+    available.is_some_and(|available| available >= weights.saturating_add(kv_budget))
+}
+
 /// Free memory of a GPU, as `nvidia-smi` reports it (libtorch does not expose it).
 fn cuda_free_bytes(index: usize) -> Option<u64> {
     let out = std::process::Command::new("nvidia-smi")
@@ -231,7 +238,10 @@ impl LanguageModel {
         };
         let result = super::guard(during, || {
             tch::no_grad(|| {
-                self.lm.pack_weights()?;
+                let kv_budget = settings.kv_budget.bytes(self.device());
+                if room_to_pack(available_ram_bytes(), self.lm.linear_weight_bytes(), kv_budget) {
+                    self.lm.pack_weights()?;
+                }
                 self.generate_inner(requests, settings)
             })
         });
@@ -595,4 +605,19 @@ fn distinct_prompts(requests: &[GenerationRequest]) -> VecDeque<Waiting> {
         }
     }
     waiting.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_are_packed_only_where_the_copy_fits_beside_the_caches() {
+        let gib = 1u64 << 30;
+        assert!(room_to_pack(Some(10 * gib), 2 * gib, 8 * gib));
+        assert!(!room_to_pack(Some(10 * gib), 2 * gib + 1, 8 * gib));
+        // Unknown free memory (no /proc/meminfo): keep to the plain weights.
+        assert!(!room_to_pack(None, 1, 0));
+        assert!(!room_to_pack(Some(u64::MAX - 1), u64::MAX, 1));
+    }
 }

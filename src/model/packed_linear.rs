@@ -6,7 +6,8 @@
 //! layout (libtorch's `mkldnn::_reorder_linear_weight`) and multiplies with
 //! `mkldnn::_linear_pointwise`, through the C++ in `csrc/onednn_linear.cpp`. The packed
 //! copies live only for that call, so the weights a trainer updates between calls are
-//! never read stale; they cost a second copy of the weights while the call runs.
+//! never read stale; they cost a second copy of the weights while the call runs, which
+//! the call makes only where it fits beside the caches' budget.
 
 use std::ffi::{CStr, c_char};
 
