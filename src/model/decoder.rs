@@ -17,6 +17,7 @@ use tch::{Kind, Tensor};
 
 use super::Error;
 use super::config::{ModelConfig, RopeScaling};
+use super::decode_attention;
 use super::kv_cache::{KvCache, Placement};
 use super::lora::{LoraWeights, Route};
 use super::packed_linear::{PackedWeight, packable};
@@ -304,7 +305,14 @@ impl Attention {
         let (key, value) = match pass.cache {
             CacheStep::None => (key, value),
             CacheStep::Placed(placement) => self.kv_cache.write_placed(placement, &key, &value),
-            CacheStep::Columns { columns, span } => self.kv_cache.write_columns(columns, span, &key, &value),
+            CacheStep::Columns { columns, span } => {
+                let (key, value) = self.kv_cache.write_columns(columns, span, &key, &value);
+                if decode_attention::supported(&q) {
+                    let y = decode_attention::attend(&q, &key, &value, columns, 1.0 / (d as f64).sqrt());
+                    return self.o_proj.forward(&y.transpose(1, 2).reshape([b, l, h * d]), pass);
+                }
+                (key, value)
+            }
         };
         // 5. Scaled dot-product attention; K heads serve H/K query heads each (GQA).
         let causal = pass.causal && pass.mask.is_none() && l > 1;

@@ -20,6 +20,8 @@ mod build_tokenizer;
 mod chat_template;
 mod checkpoint;
 mod config;
+mod csrc;
+mod decode_attention;
 mod decoder;
 mod device;
 mod generate;

@@ -9,24 +9,10 @@
 //! never read stale; they cost a second copy of the weights while the call runs, which
 //! the call makes only where it fits beside the caches' budget.
 
-use std::ffi::{CStr, c_char};
-
-use tch::{Device, Kind, TchError, Tensor};
-use torch_sys::C_tensor;
+use tch::{Device, Kind, Tensor};
 
 use super::Error;
-
-unsafe extern "C" {
-    fn petting_free_error(message: *mut c_char);
-    fn petting_onednn_available() -> bool;
-    fn petting_pack_linear_weight(weight: *const C_tensor, packed: *mut *mut C_tensor) -> *mut c_char;
-    fn petting_packed_linear(
-        x: *const C_tensor,
-        packed: *const C_tensor,
-        bias: *const C_tensor,
-        out: *mut *mut C_tensor,
-    ) -> *mut c_char;
-}
+use super::csrc::{check, petting_onednn_available, petting_pack_linear_weight, petting_packed_linear};
 
 /// A weight (out, in) in oneDNN's packed layout.
 #[derive(Debug)]
@@ -55,15 +41,6 @@ impl PackedWeight {
         check(error).unwrap_or_else(|e| panic!("oneDNN linear: {e}"));
         unsafe { Tensor::from_ptr(out) }
     }
-}
-
-fn check(error: *mut c_char) -> Result<(), TchError> {
-    if error.is_null() {
-        return Ok(());
-    }
-    let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-    unsafe { petting_free_error(error) };
-    Err(TchError::Torch(message))
 }
 
 #[cfg(test)]

@@ -1,0 +1,38 @@
+//! The C++ of `csrc/`, built by `build.rs` against the same libtorch: libtorch ops tch
+//! does not bind, and petting's own CPU kernels. Tensors cross as tch's pointers; each
+//! function returns a null pointer or an error message ([`check`] takes it back).
+
+use std::ffi::{CStr, c_char};
+
+use tch::TchError;
+use torch_sys::C_tensor;
+
+unsafe extern "C" {
+    fn petting_free_error(message: *mut c_char);
+    pub(crate) fn petting_onednn_available() -> bool;
+    pub(crate) fn petting_pack_linear_weight(weight: *const C_tensor, packed: *mut *mut C_tensor) -> *mut c_char;
+    pub(crate) fn petting_packed_linear(
+        x: *const C_tensor,
+        packed: *const C_tensor,
+        bias: *const C_tensor,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+    pub(crate) fn petting_decode_attention(
+        q: *const C_tensor,
+        keys: *const C_tensor,
+        values: *const C_tensor,
+        last: *const C_tensor,
+        scale: f64,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+}
+
+/// A C++ function's error message, freed; `Ok` for a null pointer.
+pub(crate) fn check(error: *mut c_char) -> Result<(), TchError> {
+    if error.is_null() {
+        return Ok(());
+    }
+    let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { petting_free_error(error) };
+    Err(TchError::Torch(message))
+}
