@@ -18,9 +18,13 @@
 
 namespace {
 
-// Each (row, key head) runs in a function compiled for AVX-512, for AVX2 and for
-// neither, picked at load time by the CPU; the inner products inline into it.
+// On x86-64, each (row, key head) runs in a function compiled for AVX-512, for AVX2 and
+// for neither, picked at load time by the CPU; the inner products inline into it.
+#if defined(__x86_64__)
 #define PETTING_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PETTING_SIMD_CLONES
+#endif
 
 // Sixteen independent partial sums, so the compiler vectorises without reordering a sum.
 constexpr int kLanes = 16;
