@@ -1,7 +1,7 @@
 // Float32 linear layers through oneDNN with weights packed once, for petting's sampler on
 // CPU. libtorch's plain x·Wᵀ (MKL) repacks the weight on every call; oneDNN's own blocked
 // layout, made once per generate call, multiplies 1.2-2.5x faster on decode-sized batches
-// (BENCHMARKS.md, "Packed linear layers"). The ops are libtorch's own (the ones its
+// (BENCHMARKS.md, "Sampling engines"). The ops are libtorch's own (the ones its
 // inductor backend calls when it freezes a model for CPU), reached through the dispatcher
 // because tch's generated bindings do not include the `mkldnn::` namespace.
 //
