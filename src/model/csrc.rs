@@ -1,10 +1,10 @@
 //! The C++ of `csrc/`, built by `build.rs` against the same libtorch: libtorch ops tch
 //! does not bind, and petting's own CPU kernels. Tensors cross as tch's pointers; each
-//! function returns a null pointer or an error message ([`check`] takes it back).
+//! function returns a null pointer or an error message ([`tensor_from`] takes it back).
 
 use std::ffi::{CStr, c_char};
 
-use tch::TchError;
+use tch::{TchError, Tensor};
 use torch_sys::C_tensor;
 
 unsafe extern "C" {
@@ -27,10 +27,13 @@ unsafe extern "C" {
     ) -> *mut c_char;
 }
 
-/// A C++ function's error message, freed; `Ok` for a null pointer.
-pub(crate) fn check(error: *mut c_char) -> Result<(), TchError> {
+/// The tensor a C++ function writes through the pointer `call` passes it, or the
+/// function's error message (freed).
+pub(crate) fn tensor_from(call: impl FnOnce(*mut *mut C_tensor) -> *mut c_char) -> Result<Tensor, TchError> {
+    let mut out = std::ptr::null_mut();
+    let error = call(&mut out);
     if error.is_null() {
-        return Ok(());
+        return Ok(unsafe { Tensor::from_ptr(out) });
     }
     let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
     unsafe { petting_free_error(error) };

@@ -8,7 +8,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::csrc::{check, petting_decode_attention};
+use super::csrc::{petting_decode_attention, tensor_from};
 
 /// Whether [`attend`] takes these queries: float32 on CPU.
 pub(crate) fn supported(q: &Tensor) -> bool {
@@ -18,13 +18,12 @@ pub(crate) fn supported(q: &Tensor) -> bool {
 /// q (n, H, 1, D) against keys and values (n, K, S, D) (views of the cache, D
 /// contiguous), row i over its columns `0..=last[i]` ((n,) int64): (n, H, 1, D).
 pub(crate) fn attend(q: &Tensor, keys: &Tensor, values: &Tensor, last: &Tensor, scale: f64) -> Tensor {
-    let mut out = std::ptr::null_mut();
-    let error =
-        unsafe { petting_decode_attention(q.as_ptr(), keys.as_ptr(), values.as_ptr(), last.as_ptr(), scale, &mut out) };
     // The shapes are the decoder's own, so a failure here is a bug, as with tch's
     // panicking ops the rest of the forward uses.
-    check(error).unwrap_or_else(|e| panic!("decode attention: {e}"));
-    unsafe { Tensor::from_ptr(out) }
+    tensor_from(|out| unsafe {
+        petting_decode_attention(q.as_ptr(), keys.as_ptr(), values.as_ptr(), last.as_ptr(), scale, out)
+    })
+    .unwrap_or_else(|e| panic!("decode attention: {e}"))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::Error;
-use super::csrc::{check, petting_onednn_available, petting_pack_linear_weight, petting_packed_linear};
+use super::csrc::{petting_onednn_available, petting_pack_linear_weight, petting_packed_linear, tensor_from};
 
 /// A weight (out, in) in oneDNN's packed layout.
 #[derive(Debug)]
@@ -25,21 +25,18 @@ pub(crate) fn packable(weight: &Tensor) -> bool {
 
 impl PackedWeight {
     pub(crate) fn new(weight: &Tensor) -> Result<PackedWeight, Error> {
-        let mut packed = std::ptr::null_mut();
-        let error = unsafe { petting_pack_linear_weight(weight.as_ptr(), &mut packed) };
-        check(error).map_err(|source| Error::Torch { context: "packing a linear weight for oneDNN".into(), source })?;
-        Ok(PackedWeight(unsafe { Tensor::from_ptr(packed) }))
+        tensor_from(|packed| unsafe { petting_pack_linear_weight(weight.as_ptr(), packed) })
+            .map(PackedWeight)
+            .map_err(|source| Error::Torch { context: "packing a linear weight for oneDNN".into(), source })
     }
 
     /// x·Wᵀ + b, (…, in) → (…, out).
     pub(crate) fn forward(&self, x: &Tensor, bias: Option<&Tensor>) -> Tensor {
-        let mut out = std::ptr::null_mut();
         let bias = bias.map_or(std::ptr::null(), |b| b.as_ptr());
-        let error = unsafe { petting_packed_linear(x.as_ptr(), self.0.as_ptr(), bias, &mut out) };
         // Shapes and kinds are the model's own, so a failure here is a bug, as with tch's
         // panicking ops the rest of the forward uses.
-        check(error).unwrap_or_else(|e| panic!("oneDNN linear: {e}"));
-        unsafe { Tensor::from_ptr(out) }
+        tensor_from(|out| unsafe { petting_packed_linear(x.as_ptr(), self.0.as_ptr(), bias, out) })
+            .unwrap_or_else(|e| panic!("oneDNN linear: {e}"))
     }
 }
 
