@@ -473,26 +473,24 @@ impl CausalLm {
     }
 
     /// Packs every linear weight and the lm_head for oneDNN where they can be
-    /// ([`packed_linear`](super::packed_linear)), for the forwards of one generate call
-    /// whose passes say `packed`; [`CausalLm::unpack_weights`] drops them after.
-    pub(crate) fn pack_weights(&mut self) -> Result<(), Error> {
+    /// ([`packed_linear`](super::packed_linear)) and `fits` takes the copy's bytes, for
+    /// the forwards of one generate call whose passes say `packed`;
+    /// [`CausalLm::unpack_weights`] drops them after.
+    pub(crate) fn pack_weights(&mut self, fits: impl FnOnce(u64) -> bool) -> Result<(), Error> {
         if !packable(&self.lm_head) {
             return Ok(());
         }
-        for linear in self.linears_mut() {
+        let bytes = |w: &Tensor| (w.numel() * w.kind().elt_size_in_bytes()) as u64;
+        let head_bytes = bytes(&self.lm_head);
+        let linears = self.linears_mut();
+        if !fits(head_bytes + linears.iter().map(|l| bytes(&l.weight)).sum::<u64>()) {
+            return Ok(());
+        }
+        for linear in linears {
             linear.packed = Some(PackedWeight::new(&linear.weight)?);
         }
         self.packed_head = Some(PackedWeight::new(&self.lm_head)?);
         Ok(())
-    }
-
-    /// Bytes of every linear weight and the lm_head: what [`CausalLm::pack_weights`] copies.
-    pub(crate) fn linear_weight_bytes(&self) -> u64 {
-        let layers = self.model.layers.iter().flat_map(|l| {
-            let (a, m) = (&l.self_attn, &l.mlp);
-            [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj].map(|p| &p.weight)
-        });
-        layers.chain([&self.lm_head]).map(|w| (w.numel() * w.kind().elt_size_in_bytes()) as u64).sum()
     }
 
     pub(crate) fn unpack_weights(&mut self) {

@@ -236,12 +236,12 @@ impl LanguageModel {
                 settings.max_new_tokens
             )
         };
+        let device = self.device();
         let result = super::guard(during, || {
             tch::no_grad(|| {
-                let kv_budget = settings.kv_budget.bytes(self.device());
-                if room_to_pack(available_ram_bytes(), self.lm.linear_weight_bytes(), kv_budget) {
-                    self.lm.pack_weights()?;
-                }
+                self.lm.pack_weights(|weights| {
+                    room_to_pack(available_ram_bytes(), weights, settings.kv_budget.bytes(device))
+                })?;
                 self.generate_inner(requests, settings)
             })
         });
