@@ -28,9 +28,15 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         // Products may fuse into FMA instructions (the kernels' sums are not bit-pinned).
         .flag("-ffp-contract=fast")
+        // at::parallel_for is inline OpenMP in libtorch's headers: without the flag its
+        // pragma is ignored and a kernel runs on one thread.
+        .flag("-fopenmp")
         .opt_level(3)
         .files(["csrc/ffi.cpp", "csrc/onednn_linear.cpp", "csrc/decode_attention.cpp"])
         .compile("petting_csrc");
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");
+    // The OpenMP runtime libtorch loads (libgomp.so.1 in its lib folder, found by the
+    // rpath), so the kernels share libtorch's thread pool.
+    println!("cargo:rustc-link-lib=gomp");
 }
