@@ -22,6 +22,8 @@ unsafe extern "C" {
         keys: *const C_tensor,
         values: *const C_tensor,
         last: *const C_tensor,
+        shared_slot: *const C_tensor,
+        shared_len: *const C_tensor,
         scale: f64,
         out: *mut *mut C_tensor,
     ) -> *mut c_char;

@@ -17,7 +17,7 @@ use tch::{Kind, Tensor};
 
 use super::Error;
 use super::config::{ModelConfig, RopeScaling};
-use super::decode_attention;
+use super::decode_attention::{self, SharedColumns};
 use super::kv_cache::{KvCache, Placement};
 use super::lora::{LoraWeights, Route};
 use super::packed_linear::{PackedWeight, packable};
@@ -246,8 +246,9 @@ pub(crate) enum CacheStep<'a> {
     /// slot's columns up to them.
     Placed(&'a Placement),
     /// Decode: write slot i's one new position at column `columns[i]` ((B,) int64),
-    /// attend to slots `0..B`, columns `0..span`.
-    Columns { columns: &'a Tensor, span: i64 },
+    /// attend to slots `0..B`, columns `0..span`; `shared` says which slots hold copies
+    /// of another's first columns.
+    Columns { columns: &'a Tensor, span: i64, shared: &'a SharedColumns },
 }
 
 #[derive(Debug)]
@@ -311,10 +312,10 @@ impl Attention {
         let (key, value) = match pass.cache {
             CacheStep::None => (key, value),
             CacheStep::Placed(placement) => self.kv_cache.write_placed(placement, &key, &value),
-            CacheStep::Columns { columns, span } => {
+            CacheStep::Columns { columns, span, shared } => {
                 let (key, value) = self.kv_cache.write_columns(columns, span, &key, &value);
                 if decode_attention::supported(&q) {
-                    let y = decode_attention::attend(&q, &key, &value, columns, 1.0 / (d as f64).sqrt());
+                    let y = decode_attention::attend(&q, &key, &value, columns, shared, 1.0 / (d as f64).sqrt());
                     return self.o_proj.forward(&y.transpose(1, 2).reshape([b, l, h * d]), pass);
                 }
                 (key, value)

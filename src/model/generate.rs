@@ -27,6 +27,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
+use super::decode_attention::SharedColumns;
 use super::decoder::{CacheStep, Pass};
 use super::kv_cache::Placement;
 use super::language_model::LanguageModel;
@@ -196,6 +197,10 @@ struct Row {
     request: usize,
     /// Positions in its cache.
     len: i64,
+    /// The slot whose first columns this row's cache holds a copy of, and how many: the
+    /// decode attention reads them there ([`SharedColumns`]). Cleared when that slot
+    /// changes hands.
+    shares: Option<(usize, i64)>,
     tokens: Vec<i64>,
     logprobs: Vec<f32>,
 }
@@ -380,7 +385,7 @@ impl LanguageModel {
             sources: (0..firsts.len()).chain(others.iter().map(|&(_, s)| s)).collect(),
         };
         for request in firsts.into_iter().chain(others.into_iter().map(|(r, _)| r)) {
-            running.push(Row { request, len: 0, tokens: Vec::new(), logprobs: Vec::new() });
+            running.push(Row { request, len: 0, shares: None, tokens: Vec::new(), logprobs: Vec::new() });
         }
         joined
     }
@@ -395,11 +400,15 @@ impl LanguageModel {
         let distinct = &rows[..joined.distinct];
         let prompts: Vec<&[i64]> = distinct.iter().map(|r| call.requests[r.request].prompt_ids.as_slice()).collect();
         let adapters: Vec<Option<usize>> = distinct.iter().map(|r| call.adapters[r.request]).collect();
-        let (last_hidden, computed) = self.prefill_prompts(&prompts, &adapters, joined.first as i64);
+        let (last_hidden, computed, copied) = self.prefill_prompts(&prompts, &adapters, joined.first as i64);
         stats.prefill_tokens += computed;
+        for (row, shares) in rows.iter_mut().zip(copied) {
+            row.shares = shares;
+        }
         for (k, &source) in joined.sources.iter().enumerate().skip(joined.distinct) {
             let (from, to) = (joined.first + source, joined.first + k);
             self.lm.copy_kv_slot(from as i64, to as i64, rows[k].len);
+            rows[k].shares = Some((from, rows[k].len));
         }
         let logits = self.lm.sampling_head(&last_hidden);
         let sources: Vec<i64> = joined.sources.iter().map(|&s| s as i64).collect();
@@ -408,16 +417,24 @@ impl LanguageModel {
 
     /// Runs the prompts through the model into slots `first..`, each run of tokens that
     /// prompts share computed once ([`prefill_plan`]), at most [`PREFILL_TOKENS`]
-    /// positions per forward; returns each prompt's last hidden state, (B, E), and the
-    /// tokens computed.
-    fn prefill_prompts(&mut self, prompts: &[&[i64]], adapters: &[Option<usize>], first: i64) -> (Tensor, usize) {
+    /// positions per forward; returns each prompt's last hidden state, (B, E), the tokens
+    /// computed, and the slot each prompt's first columns were copied from, with how many.
+    fn prefill_prompts(
+        &mut self,
+        prompts: &[&[i64]],
+        adapters: &[Option<usize>],
+        first: i64,
+    ) -> (Tensor, usize, Vec<Option<(usize, i64)>>) {
         let mut last: Vec<Option<Tensor>> = (0..prompts.len()).map(|_| None).collect();
+        let mut copied = vec![None; prompts.len()];
         let mut computed = 0;
         for level in prefill_plan::plan(prompts, adapters) {
             computed += level.iter().map(|s| s.end - s.start).sum::<usize>();
             for segment in &level {
                 if let Some(from) = segment.copy_from {
-                    self.lm.copy_kv_slot(first + from as i64, first + segment.prompt as i64, segment.start as i64);
+                    let (from, len) = (first + from as i64, segment.start as i64);
+                    self.lm.copy_kv_slot(from, first + segment.prompt as i64, len);
+                    copied[segment.prompt] = Some((from as usize, len));
                 }
             }
             for forward in prefill_plan::forwards(&level, PREFILL_TOKENS) {
@@ -431,7 +448,7 @@ impl LanguageModel {
             }
         }
         let last: Vec<Tensor> = last.into_iter().map(|t| t.expect("every prompt ends in a segment")).collect();
-        (Tensor::stack(&last, 0), computed)
+        (Tensor::stack(&last, 0), computed, copied)
     }
 
     /// One forward over segments of prompts, right-padded, each into its prompt's slot on
@@ -486,12 +503,13 @@ impl LanguageModel {
         let (cos, sin) = self.lm.model.rotary.cos_sin(&columns.view([n, 1]), self.kind());
         let slots: Vec<Option<usize>> = running.iter().map(|r| call.adapters[r.request]).collect();
         let route = Route::new(&slots, device, None);
+        let shared = SharedColumns::new(&running.iter().map(|r| r.shares).collect::<Vec<_>>(), device);
         let pass = Pass {
             cos,
             sin,
             mask,
             causal: false,
-            cache: CacheStep::Columns { columns: &columns, span },
+            cache: CacheStep::Columns { columns: &columns, span, shared: &shared },
             route: &route,
             packed: true,
         };
@@ -540,6 +558,15 @@ impl LanguageModel {
                 self.lm.copy_kv_slot(last as i64, slot as i64, running[last].len);
             }
             running.swap_remove(slot);
+            // Rows that read the finished row's columns read their own copies now; those
+            // that read the moved row's read them in its new slot.
+            for row in running.iter_mut() {
+                row.shares = match row.shares {
+                    Some((from, _)) if from == slot => None,
+                    Some((from, len)) if from == last => Some((slot, len)),
+                    shares => shares,
+                };
+            }
         }
         Ok(())
     }

@@ -148,6 +148,34 @@ fn continuous_batching_gives_the_per_row_results_of_static_batching() {
 }
 
 #[test]
+fn branches_outlive_the_row_whose_prompt_columns_they_read() {
+    let mut policy = llama();
+    // Common tokens as EOS, so that a row's length depends on its seed.
+    let settings = GenerationSettings { eos_token_ids: Some((5..45).collect()), ..sampled(16) };
+    let request = |p: usize, seed: u64| GenerationRequest { prompt_ids: prompt(p), seed, adapter: None };
+    let alone = |policy: &mut LanguageModel, r: &GenerationRequest| {
+        policy.generate(std::slice::from_ref(r), &settings).unwrap()
+    };
+    // Of 40 seeds of prompt A, the one that finishes first, and two that run longest.
+    let (a, b) = (30, 5);
+    let mut by_length: Vec<(usize, u64)> =
+        (0..40).map(|seed| (alone(&mut policy, &request(a, seed))[0].token_ids.len(), seed)).collect();
+    by_length.sort();
+    let (short, long) = (by_length[0], &by_length[38..]);
+    assert!(short.0 < long[0].0, "seeds of different lengths: {by_length:?}");
+    // A's first branch is prefilled; the others read its prompt columns from its slot.
+    // It finishes first, and B's second branch (the last row) moves into its slot.
+    let requests =
+        vec![request(a, short.1), request(a, long[0].1), request(a, long[1].1), request(b, 1), request(b, 2)];
+    let (together, stats) = generate(&mut policy, &requests, &settings);
+    assert_eq!(stats.shared_prefills, 3);
+    let b_lengths: Vec<usize> = together[3..].iter().map(|g| g.token_ids.len()).collect();
+    assert!(b_lengths.iter().all(|&l| l > short.0), "B outlives A's first branch: {b_lengths:?} vs {short:?}");
+    let separate: Vec<Generation> = requests.iter().flat_map(|r| alone(&mut policy, r)).collect();
+    assert_same(&together, &separate);
+}
+
+#[test]
 fn a_gpu_asked_for_where_there_is_none_is_one_clear_line() {
     if tch::Cuda::is_available() {
         return;
