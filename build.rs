@@ -12,9 +12,13 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     // Nothing of ours calls into libtorch_cuda.so directly, so the linker's --as-needed
     // drops it and the CUDA backend never registers: tch then reports no GPU.
-    if Path::new(&lib).join("libtorch_cuda.so").exists() {
+    let cuda = Path::new(&lib).join("libtorch_cuda.so").exists();
+    if cuda {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+    // libtorch reports no CUDA both where it was built without it and where it sees no
+    // GPU; the error for a device petting cannot use tells the two apart by this.
+    println!("cargo:rustc-env=PETTING_LIBTORCH_VARIANT={}", if cuda { "cuda" } else { "cpu" });
     let include = Path::new(&lib).parent().expect("libtorch's lib folder has a parent").join("include");
     // torch-sys builds its own C++ with the same flags (the PyPI wheels use the C++11 ABI).
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());

@@ -28,7 +28,7 @@ impl Device {
     /// backend") when asked for a GPU it was not built for.
     pub fn check_available(self) -> Result<(), String> {
         let Device::Cuda(index) = self else { return Ok(()) };
-        if !tch::utils::has_cuda() {
+        if option_env!("PETTING_LIBTORCH_VARIANT") != Some("cuda") {
             return Err(format!(
                 "device {self}: this petting binary was built against the CPU libtorch; build the CUDA one with \
                  `scripts/install/libtorch.sh cuda` and `LIBTORCH=$PWD/.libtorch-cuda cargo build --release --target-dir target-cuda` \
@@ -36,6 +36,12 @@ impl Device {
             ));
         }
         let count = tch::Cuda::device_count().max(0) as usize;
+        if count == 0 {
+            return Err(format!(
+                "device {self}: libtorch sees no CUDA device (driver missing, CUDA_VISIBLE_DEVICES, or no GPU on this \
+                 machine); set the device to cpu"
+            ));
+        }
         if index >= count {
             return Err(format!(
                 "device {self}: libtorch sees {count} CUDA device(s) (driver missing, CUDA_VISIBLE_DEVICES, or no GPU on \
