@@ -27,14 +27,12 @@ pub(crate) struct SharedColumns {
 }
 
 impl SharedColumns {
-    /// `rows[i]`: the row whose first columns row i holds a copy of, and how many.
-    pub(crate) fn new(rows: &[Option<(usize, i64)>], device: Device) -> SharedColumns {
+    /// `rows[i]`: the row whose first columns row i holds a copy of, and how many. On the
+    /// CPU, where [`attend`] runs, whatever the model's device.
+    pub(crate) fn new(rows: &[Option<(usize, i64)>]) -> SharedColumns {
         let slot: Vec<i64> = rows.iter().map(|r| r.map_or(0, |(slot, _)| slot as i64)).collect();
         let len: Vec<i64> = rows.iter().map(|r| r.map_or(0, |(_, len)| len)).collect();
-        SharedColumns {
-            slot: Tensor::from_slice(&slot).to_device(device),
-            len: Tensor::from_slice(&len).to_device(device),
-        }
+        SharedColumns { slot: Tensor::from_slice(&slot), len: Tensor::from_slice(&len) }
     }
 }
 
@@ -87,7 +85,7 @@ mod tests {
             let scale = 1.0 / (d as f64).sqrt();
             let want =
                 Tensor::scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, Some(scale), true);
-            let got = attend(&q, &keys, &values, &last, &SharedColumns::new(&[None; 3], Device::Cpu), scale);
+            let got = attend(&q, &keys, &values, &last, &SharedColumns::new(&[None; 3]), scale);
             assert_eq!(got.size(), [3, 6, 1, d]);
             let diff = f64::try_from((&got - &want).abs().max()).unwrap();
             assert!(diff < 1e-5, "D {d}: differs from SDPA by {diff}");
@@ -98,7 +96,7 @@ mod tests {
     fn a_row_past_the_columns_it_is_given_is_an_error_not_a_read_out_of_bounds() {
         let opts = (Kind::Float, Device::Cpu);
         let (q, kv) = (Tensor::zeros([1, 2, 1, 8], opts), Tensor::zeros([1, 1, 4, 8], opts));
-        let none = SharedColumns::new(&[None], Device::Cpu);
+        let none = SharedColumns::new(&[None]);
         let result = std::panic::catch_unwind(|| attend(&q, &kv, &kv, &Tensor::from_slice(&[4i64]), &none, 1.0));
         let message = *result.unwrap_err().downcast::<String>().unwrap();
         assert!(message.contains("attends to 5 of 4 columns"), "{message}");
@@ -118,8 +116,8 @@ mod tests {
         }
         let q = Tensor::randn([3, 4, 1, 16], opts);
         let last = Tensor::from_slice(&[6i64, 8, 5]);
-        let own = attend(&q, &keys, &values, &last, &SharedColumns::new(&[None; 3], Device::Cpu), 0.25);
-        let shared = SharedColumns::new(&[None, Some((0, 5)), Some((0, 5))], Device::Cpu);
+        let own = attend(&q, &keys, &values, &last, &SharedColumns::new(&[None; 3]), 0.25);
+        let shared = SharedColumns::new(&[None, Some((0, 5)), Some((0, 5))]);
         assert!(attend(&q, &keys, &values, &last, &shared, 0.25).equal(&own));
         // The branches' own copies are not read: spoiling them changes nothing.
         for t in [&keys, &values] {
@@ -127,7 +125,7 @@ mod tests {
         }
         assert!(attend(&q, &keys, &values, &last, &shared, 0.25).equal(&own));
         // Reading more columns than the source row holds is an error, not a stale read.
-        let past = SharedColumns::new(&[None, Some((2, 7)), None], Device::Cpu);
+        let past = SharedColumns::new(&[None, Some((2, 7)), None]);
         let result = std::panic::catch_unwind(|| attend(&q, &keys, &values, &last, &past, 0.25));
         let message = *result.unwrap_err().downcast::<String>().unwrap();
         assert!(message.contains("row 1 reads 7 columns of row 2"), "{message}");

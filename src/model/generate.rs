@@ -503,7 +503,7 @@ impl LanguageModel {
         let (cos, sin) = self.lm.model.rotary.cos_sin(&columns.view([n, 1]), self.kind());
         let slots: Vec<Option<usize>> = running.iter().map(|r| call.adapters[r.request]).collect();
         let route = Route::new(&slots, device, None);
-        let shared = SharedColumns::new(&running.iter().map(|r| r.shares).collect::<Vec<_>>(), device);
+        let shared = SharedColumns::new(&running.iter().map(|r| r.shares).collect::<Vec<_>>());
         let pass = Pass {
             cos,
             sin,
