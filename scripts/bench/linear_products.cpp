@@ -1,12 +1,14 @@
 // One linear layer's product at decode and prefill sizes, on CPU, in the ways libtorch
-// offers: MKL's x·Wᵀ, oneDNN with the weight packed once (what petting's sampler does,
-// csrc/onednn_linear.cpp), bf16 (AMX where the CPU has it), float32 under oneDNN's
-// "bf16 fpmath" mode, and a split bf16 "×3" product; then an MLP block with and without
-// oneDNN's fused post-ops. Prints milliseconds (mean of 100 calls) and the error
-// relative to a float64 product. BENCHMARKS.md, "Sampling engines", quotes it.
+// offers: MKL's x·Wᵀ, oneDNN with the weight packed once (petting's sampler's own
+// functions, csrc/onednn_linear.cpp, built into this program), bf16 (AMX where the CPU
+// has it), float32 under oneDNN's "bf16 fpmath" mode, and a split bf16 "×3" product;
+// then an MLP block with and without oneDNN's fused post-ops. Prints milliseconds (mean
+// of 100 calls) and the error relative to a float64 product. BENCHMARKS.md, "Sampling
+// engines", quotes it.
 //
 //   L=.libtorch; g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -DGLOG_USE_GLOG_EXPORT -I$L/include \
-//       scripts/bench/linear_products.cpp -o /tmp/linear_products -L$L/lib -Wl,-rpath,$L/lib -ltorch_cpu -lc10
+//       scripts/bench/linear_products.cpp csrc/onednn_linear.cpp csrc/ffi.cpp -o /tmp/linear_products \
+//       -L$L/lib -Wl,-rpath,$L/lib -ltorch_cpu -lc10
 //   /tmp/linear_products 128 1536 576      # ROWS OUT IN
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -15,24 +17,50 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+extern "C" {
+void petting_free_error(char* message);
+char* petting_pack_linear_weight(const at::Tensor* weight, at::Tensor** packed);
+char* petting_packed_linear(const at::Tensor* x, const at::Tensor* packed, const at::Tensor* bias, at::Tensor** out);
+}
 
 namespace {
 
-at::Tensor pack(const at::Tensor& w) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
-                               .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
-    return op.call(w, 32);
+// The tensor a petting function wrote, or its error thrown.
+at::Tensor take(char* error, at::Tensor* out) {
+    if (error != nullptr) {
+        const std::string message(error);
+        petting_free_error(error);
+        throw std::runtime_error(message);
+    }
+    at::Tensor tensor = std::move(*out);
+    delete out;
+    return tensor;
 }
 
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, std::string_view post = "none") {
+at::Tensor pack(const at::Tensor& w) {
+    at::Tensor* out = nullptr;
+    char* error = petting_pack_linear_weight(&w, &out);
+    return take(error, out);
+}
+
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
+    at::Tensor* out = nullptr;
+    char* error = petting_packed_linear(&x, &w, nullptr, &out);
+    return take(error, out);
+}
+
+// onednn_linear(x) followed by SiLU, fused into the product.
+at::Tensor onednn_linear_silu(const at::Tensor& x, const at::Tensor& w) {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                               std::string_view, c10::List<std::optional<c10::Scalar>>,
                               std::optional<std::string_view>)>();
-    return op.call(x, w, std::nullopt, post, c10::List<std::optional<c10::Scalar>>(), std::nullopt);
+    return op.call(x, w, std::nullopt, "swish", c10::List<std::optional<c10::Scalar>>(), std::nullopt);
 }
 
 // onednn_linear(x) <binary> other, fused into the product.
@@ -98,7 +126,7 @@ int main(int argc, char** argv) {
                down = pack(at::randn({576, 1536}) * 0.05);
     const auto plain = [&] { return onednn_linear(at::silu(onednn_linear(h, gate)) * onednn_linear(h, up), down) + h; };
     const auto fused = [&] {
-        return onednn_linear_then(onednn_linear_then(h, onednn_linear(h, gate, "swish"), up, "mul"), h, down, "add");
+        return onednn_linear_then(onednn_linear_then(h, onednn_linear_silu(h, gate), up, "mul"), h, down, "add");
     };
     std::printf("MLP block: %.3f ms, with fused post-ops %.3f ms (differ by %.1e)\n", milliseconds(plain),
                 milliseconds(fused), (plain() - fused()).abs().max().item().toDouble());
