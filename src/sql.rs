@@ -5,6 +5,11 @@
 //! `split` for tasks) is a column and predicates on it skip whole files, while files no
 //! commit marker names are never seen. `commits` and `checkpoints` are built from the
 //! markers themselves.
+//!
+//! A session only reads: statements that write or define anything (`COPY … TO`,
+//! `INSERT`, `CREATE [EXTERNAL] TABLE`, `CREATE VIEW`, `SET`, …) are refused before
+//! they are planned, so a query can neither write into a run's committed folders nor
+//! read files outside them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +20,9 @@ use datafusion::datasource::MemTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::error::DataFusionError;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::context::SQLOptions;
+use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
 use crate::schema::Table;
 use crate::store::{self, CommittedView, RunStore, StoredMarker};
@@ -74,11 +81,24 @@ impl RunSql {
 
     /// Runs one statement and collects its result.
     pub async fn query(&self, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>), Error> {
-        let query_error = |e: DataFusionError| Error::Query { query: sql.to_string(), message: describe(e) };
-        let frame = self.ctx.sql(sql).await.map_err(query_error)?;
+        let frame = self.plan(sql).await?;
         let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
-        let batches = frame.collect().await.map_err(query_error)?;
+        let batches = frame.collect().await.map_err(|e| query_error(sql, e))?;
         Ok((schema, batches))
+    }
+
+    /// Runs one statement, its result streamed batch by batch as it is computed.
+    pub async fn stream(&self, sql: &str) -> Result<(SchemaRef, SendableRecordBatchStream), Error> {
+        let frame = self.plan(sql).await?;
+        let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
+        let stream = frame.execute_stream().await.map_err(|e| query_error(sql, e))?;
+        Ok((schema, stream))
+    }
+
+    /// Plans a statement that only reads.
+    async fn plan(&self, sql: &str) -> Result<DataFrame, Error> {
+        let read_only = SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false);
+        self.ctx.sql_with_options(sql, read_only).await.map_err(|e| query_error(sql, e))
     }
 
     /// The DataFusion session, for callers that want plans or streams.
@@ -165,9 +185,21 @@ fn checkpoint_rows(markers: &[StoredMarker], pruned: &BTreeMap<String, String>) 
     rows
 }
 
-/// DataFusion's message, with the run's tables named when a table is unknown.
+fn query_error(sql: &str, error: DataFusionError) -> Error {
+    Error::Query { query: sql.to_string(), message: describe(error) }
+}
+
+/// DataFusion's message, with the run's tables named when a table is unknown, and what
+/// to do instead when a statement would write.
 fn describe(error: DataFusionError) -> String {
     let message = error.to_string();
+    let writes = ["DDL not supported", "DML not supported", "Statement not supported"];
+    if writes.iter().any(|w| message.contains(w)) {
+        return format!(
+            "{message}: petting sql only reads the run's committed tables; to keep a result, \
+             give --format csv|json|parquet --output FILE"
+        );
+    }
     let unknown_table = message.contains("table '") && message.contains("not found");
     if unknown_table {
         let names: Vec<&str> = Table::ALL.iter().map(|t| t.name()).collect();

@@ -392,7 +392,8 @@ pub struct SqlArgs {
     /// Write the result to this file instead of standard output (required for parquet).
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// First check every committed file's sha256 (reads the whole run).
+    /// First check every committed file's sha256, checkpoints included, however large
+    /// (without it, the tables are checked when they add up to at most 512 MiB).
     #[arg(long)]
     pub verify: bool,
 }

@@ -37,6 +37,7 @@ fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
             E::ConfigChanged { .. } | E::ForkIntoItself { .. } | E::Inputs { .. } => true,
             E::Store(e) => store_refused(e),
             E::Stage(e) => stage_refused(e),
+            E::StageFailed { source, .. } => stage_refused(source),
             E::Config(e) => config_refused(e),
             _ => false,
         };
@@ -61,12 +62,30 @@ fn store_refused(e: &store::Error) -> bool {
             | store::Error::MissingFile { .. }
             | store::Error::Pruned { .. }
             | store::Error::RunNotFound { .. }
+            | store::Error::NotAStore { .. }
+            | store::Error::NestedStore { .. }
     )
 }
 
 fn stage_refused(e: &stages::Error) -> bool {
+    use petting::{engine, policies, sql, tasks};
+    let wrapped = match e {
+        stages::Error::Tasks(tasks::Error::Store(e))
+        | stages::Error::Policy(policies::Error::Store(e))
+        | stages::Error::PrepareData(stages::prepare_data::Error::Store(e))
+        | stages::Error::Sql(sql::Error::Store(e))
+        | stages::Error::Engine(engine::Error::Store(e)) => Some(e),
+        _ => None,
+    };
+    if let Some(e) = wrapped {
+        return store_refused(e);
+    }
     match e {
-        stages::Error::NotReady { .. } | stages::Error::ShardLayout { .. } | stages::Error::Update(_) => true,
+        stages::Error::NotReady { .. }
+        | stages::Error::ShardLayout { .. }
+        | stages::Error::Update(_)
+        | stages::Error::Reward { .. }
+        | stages::Error::NotFinite { .. } => true,
         stages::Error::Store(e) => store_refused(e),
         stages::Error::Config(e) => config_refused(e),
         _ => false,

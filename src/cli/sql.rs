@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
+use datafusion::execution::SendableRecordBatchStream;
+use futures::StreamExt;
 use petting::schema::Table;
 use petting::sql::RunSql;
 use petting::store::RunStore;
@@ -12,36 +14,52 @@ use rustyline::error::ReadlineError;
 
 use super::args::{OutputFormat, SqlArgs};
 
+/// Tables up to this size are checked against their sha256 before every query (about a
+/// second); larger ones only with --verify.
+const VERIFIED_BY_DEFAULT: u64 = 512 << 20;
+
+/// Rows of the table format printed as one aligned block: a longer result streams as
+/// blocks of this many rows, so that no result is held whole in memory.
+const TABLE_BLOCK_ROWS: usize = 1000;
+
 pub async fn run(args: SqlArgs) -> anyhow::Result<()> {
     if args.format == OutputFormat::Parquet && args.output.is_none() {
         bail!("--format parquet needs --output FILE");
     }
     let store = RunStore::open(&args.run)?;
+    store.ensure_exists().await?;
     if args.verify {
         store.verify().await?;
+    } else if store.verify_tables_within(VERIFIED_BY_DEFAULT).await?.is_none() {
+        eprintln!(
+            "note: the run's tables are over {} and were not checked against their sha256 (sizes are); \
+             --verify checks every file first",
+            super::human_bytes(VERIFIED_BY_DEFAULT)
+        );
     }
     let sql = RunSql::open(&store).await?;
     match &args.query {
         Some(query) => {
-            let (schema, batches) = sql.query(query).await?;
-            write_result(&schema, &batches, args.format, args.output.as_deref())
+            let (schema, stream) = sql.stream(query).await?;
+            write_result(schema, stream, args.format, args.output.as_deref()).await
         }
         None => prompt(&sql, store.url()).await,
     }
 }
 
-fn write_result(
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
+/// Writes a result as it streams in.
+async fn write_result(
+    schema: SchemaRef,
+    mut stream: SendableRecordBatchStream,
     format: OutputFormat,
     output: Option<&Path>,
 ) -> anyhow::Result<()> {
     if format == OutputFormat::Parquet {
         let path = output.expect("checked before the query ran");
         let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None)?;
-        for batch in batches {
-            writer.write(batch)?;
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
+        while let Some(batch) = stream.next().await {
+            writer.write(&batch?)?;
         }
         writer.close()?;
         return Ok(());
@@ -50,30 +68,58 @@ fn write_result(
         Some(path) => Box::new(io::BufWriter::new(
             File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
         )),
-        None => Box::new(io::stdout().lock()),
+        None => Box::new(io::BufWriter::new(io::stdout())),
     };
     match format {
-        OutputFormat::Table => {
-            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-            writeln!(sink, "{}", arrow::util::pretty::pretty_format_batches_with_schema(schema.clone(), batches)?)?;
-            writeln!(sink, "({rows} row{})", if rows == 1 { "" } else { "s" })?;
-        }
+        OutputFormat::Table => write_table(&schema, stream, &mut sink).await?,
         OutputFormat::Csv => {
-            let mut writer = arrow::csv::WriterBuilder::new().with_header(true).build(sink);
-            for batch in batches {
-                writer.write(batch)?;
+            let mut writer = arrow::csv::WriterBuilder::new().with_header(true).build(&mut sink);
+            while let Some(batch) = stream.next().await {
+                writer.write(&batch?)?;
             }
-            return Ok(());
         }
         OutputFormat::Json => {
             let mut writer = arrow::json::ArrayWriter::new(&mut sink);
-            writer.write_batches(&batches.iter().collect::<Vec<_>>())?;
+            while let Some(batch) = stream.next().await {
+                writer.write(&batch?)?;
+            }
             writer.finish()?;
             writeln!(sink)?;
         }
         OutputFormat::Parquet => unreachable!("written above"),
     }
     sink.flush()?;
+    Ok(())
+}
+
+/// An aligned table per block of [`TABLE_BLOCK_ROWS`] rows, then the row count.
+async fn write_table(
+    schema: &SchemaRef,
+    mut stream: SendableRecordBatchStream,
+    sink: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let print = |sink: &mut dyn Write, block: &[RecordBatch]| -> anyhow::Result<()> {
+        writeln!(sink, "{}", arrow::util::pretty::pretty_format_batches_with_schema(schema.clone(), block)?)?;
+        Ok(())
+    };
+    let (mut block, mut in_block, mut rows) = (Vec::new(), 0, 0);
+    while let Some(batch) = stream.next().await.transpose()? {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (TABLE_BLOCK_ROWS - in_block).min(batch.num_rows() - offset);
+            block.push(batch.slice(offset, take));
+            (offset, in_block, rows) = (offset + take, in_block + take, rows + take);
+            if in_block == TABLE_BLOCK_ROWS {
+                print(sink, &std::mem::take(&mut block))?;
+                in_block = 0;
+            }
+        }
+    }
+    // The last rows, or the header alone of an empty result.
+    if in_block > 0 || rows == 0 {
+        print(sink, &block)?;
+    }
+    writeln!(sink, "({rows} row{})", if rows == 1 { "" } else { "s" })?;
     Ok(())
 }
 
@@ -107,8 +153,12 @@ async fn prompt(sql: &RunSql, url: &str) -> anyhow::Result<()> {
                 statement.push('\n');
                 if command.ends_with(';') {
                     editor.add_history_entry(statement.trim())?;
-                    match sql.query(statement.trim()).await {
-                        Ok((schema, batches)) => write_result(&schema, &batches, OutputFormat::Table, None)?,
+                    match sql.stream(statement.trim()).await {
+                        Ok((schema, stream)) => {
+                            if let Err(error) = write_result(schema, stream, OutputFormat::Table, None).await {
+                                eprintln!("error: {error}");
+                            }
+                        }
                         Err(error) => eprintln!("error: {error}"),
                     }
                     statement.clear();

@@ -125,6 +125,11 @@ pub async fn open(mut draft: config::Draft, options: &Options, events: &mut dyn 
     if existing.is_none() && options.until.is_none() {
         inputs::check(&config).map_err(|e| Error::Inputs { file: loaded.file.clone(), source: Box::new(e) })?;
     }
+    if existing.is_none()
+        && let Some(outer) = store.enclosing_store().await?
+    {
+        return Err(store::Error::NestedStore { outer, inner: store.url().to_string() }.into());
+    }
     let stored = store.init_config(&loaded.frozen_yaml()).await?;
     let previous = config::parse(&stored, &run_yaml)?;
     if previous.sha256() != config.sha256() {
@@ -152,6 +157,11 @@ pub async fn run(
     events: &mut dyn FnMut(Event),
 ) -> Result<(), Error> {
     let Opened { store, config, pending } = opened;
+    if pending.is_empty() {
+        // Nothing left to run reads the committed files: check them, so a finished run
+        // that was damaged says so as a resumed one does.
+        store.verify().await?;
+    }
     let total = super::schedule(config).len();
     if pending.len() < total {
         events(Event::Resuming { committed: total - pending.len(), total });

@@ -55,6 +55,19 @@ pub enum Error {
     #[error("no run at {url}: it has no run.yaml and no commit markers")]
     RunNotFound { url: String },
 
+    #[error(
+        "{url} is not a run store: it has no commit markers ({commits}/), so nothing in it is a stage's \
+         output; gc deletes only uncommitted files of a store, under its table and checkpoint folders",
+        commits = crate::store::layout::COMMITS_DIR
+    )]
+    NotAStore { url: String },
+
+    #[error(
+        "{inner} is a run store inside the run store {outer}: a store's folders belong to it alone, \
+         so stores are never nested; move one of them out (or give gc the inner one)"
+    )]
+    NestedStore { outer: String, inner: String },
+
     #[error("cannot read {path} to store it: {source}")]
     LocalFile { path: String, source: std::io::Error },
 }

@@ -209,6 +209,49 @@ pub fn checkpoint_dir(policy: &str, version: u32, attempt: &str) -> String {
     format!("checkpoints/{policy}/v{version:06}.{attempt}")
 }
 
+/// Whether `relative` is a file a stage attempt writes (a table's Parquet part, a file
+/// of a checkpoint or of the built tokenizer), the only files `gc` may ever delete. The
+/// shape is matched whole, attempt id included, so a user's file that happens to lie in
+/// the run's folder (a run file, a dataset, a program) is never taken for an orphan.
+pub fn is_attempt_output(relative: &str) -> bool {
+    let parts: Vec<&str> = relative.split('/').collect();
+    match parts.as_slice() {
+        ["tokenizer", attempt, name] => is_attempt(attempt) && !name.is_empty(),
+        ["checkpoints", policy, version, _, ..] => !policy.is_empty() && is_checkpoint_folder(version),
+        [table, partition, file] => {
+            Table::from_name(table).is_some_and(Table::is_stored) && is_partition(partition) && is_part_file(file)
+        }
+        _ => false,
+    }
+}
+
+/// A uuid's 32 lowercase hex digits, as `StageWriter` names its attempts.
+fn is_attempt(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn is_partition(segment: &str) -> bool {
+    match segment.split_once('=') {
+        Some(("iteration", k)) => k.parse::<u32>().is_ok(),
+        Some(("split", split)) => matches!(split, "train" | "test"),
+        _ => false,
+    }
+}
+
+/// `part-<shard>-<attempt>-<seq>.parquet`.
+fn is_part_file(name: &str) -> bool {
+    let Some(stem) = name.strip_prefix("part-").and_then(|n| n.strip_suffix(".parquet")) else { return false };
+    let fields: Vec<&str> = stem.split('-').collect();
+    matches!(fields.as_slice(), [shard, attempt, seq]
+        if shard.parse::<u32>().is_ok() && is_attempt(attempt) && seq.parse::<u32>().is_ok())
+}
+
+/// `v<6 digits>.<attempt>`.
+fn is_checkpoint_folder(name: &str) -> bool {
+    let Some((version, attempt)) = name.strip_prefix('v').and_then(|n| n.split_once('.')) else { return false };
+    version.len() == 6 && version.bytes().all(|b| b.is_ascii_digit()) && is_attempt(attempt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +294,35 @@ mod tests {
             "tasks/split=test/part-1-ff-0.parquet"
         );
         assert_eq!(checkpoint_dir("shared", 8, "a1b2"), "checkpoints/shared/v000008.a1b2");
+    }
+
+    #[test]
+    fn only_what_an_attempt_writes_is_attempt_output() {
+        let attempt = "0123456789abcdef0123456789abcdef";
+        for path in [
+            part_path(Table::Turns, &Partition::Iteration(7), 0, attempt, 3),
+            part_path(Table::Tasks, &Partition::Split(Split::Test), 1, attempt, 0),
+            format!("{}/model.safetensors", checkpoint_dir("shared", 8, attempt)),
+            format!("{}/meta.json", checkpoint_dir("shared", 8, attempt)),
+            format!("tokenizer/{attempt}/tokenizer.json"),
+        ] {
+            assert!(is_attempt_output(&path), "{path}");
+        }
+        for path in [
+            "run.yaml",
+            "program.py",
+            "data/train.jsonl",
+            "turns/notes.txt",
+            "turns/iteration=7/my.parquet",
+            "turns/iteration=x/part-0-0123456789abcdef0123456789abcdef-0.parquet",
+            "commits/iteration=7/part-0-0123456789abcdef0123456789abcdef-0.parquet",
+            "turns/iteration=7/part-0-a1b2-0.parquet",
+            "checkpoints/shared/v000008/model.safetensors",
+            "checkpoints/shared/README.md",
+            "tokenizer/tokenizer.json",
+            "other/run/turns/iteration=7/part-0-0123456789abcdef0123456789abcdef-0.parquet",
+        ] {
+            assert!(!is_attempt_output(path), "{path}");
+        }
     }
 }

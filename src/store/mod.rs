@@ -95,7 +95,7 @@ impl RunStore {
     }
 
     /// The runs at or under `url`, down to `depth` folders below it: every folder that
-    /// holds a `run.yaml`, sorted by URL. A run's own folders are not searched.
+    /// holds commit markers (a run appears once its first stage commits), sorted by URL. A run's own folders are not searched.
     pub async fn runs_under(url: &str, depth: usize) -> Result<Vec<RunStore>> {
         let top = RunStore::open(url)?;
         let mut found = Vec::new();
@@ -107,7 +107,7 @@ impl RunStore {
                 Err(object_store::Error::NotFound { .. }) => continue,
                 Err(e) => return Err(top.object_error("list", dir.as_ref(), e)),
             };
-            if listing.objects.iter().any(|o| o.location.filename() == Some(layout::RUN_CONFIG)) {
+            if listing.common_prefixes.iter().any(|p| p.filename() == Some(layout::COMMITS_DIR)) {
                 found.push(top.below(&dir));
             } else if level < depth {
                 pending.extend(listing.common_prefixes.into_iter().map(|p| (p, level + 1)));
@@ -115,6 +115,38 @@ impl RunStore {
         }
         found.sort_by(|a, b| a.url.cmp(&b.url));
         Ok(found)
+    }
+
+    /// The URL of the store whose commit markers lie in a folder above this one's, if any.
+    pub async fn enclosing_store(&self) -> Result<Option<String>> {
+        let parts: Vec<_> = self.root.parts().collect();
+        for depth in (0..parts.len()).rev() {
+            let above: Path = parts[..depth].iter().cloned().collect();
+            let commits = above.join(layout::COMMITS_DIR);
+            let listing = match self.store.list_with_delimiter(Some(&commits)).await {
+                Ok(listing) => listing,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(self.object_error("list", commits.as_ref(), e)),
+            };
+            if !listing.objects.is_empty() || !listing.common_prefixes.is_empty() {
+                return Ok(Some(self.ancestor_url(parts.len() - depth)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The URL of the folder `levels` above this store's.
+    fn ancestor_url(&self, levels: usize) -> String {
+        let mut url = self.url.trim_end_matches('/');
+        for _ in 0..levels {
+            url = url.rsplit_once('/').map_or(url, |(head, _)| head);
+        }
+        if url.ends_with("//") { format!("{url}/") } else { url.to_string() }
+    }
+
+    /// The URL of the folder `relative` under this store.
+    fn child_url(&self, relative: &str) -> String {
+        format!("{}/{relative}", self.url.trim_end_matches('/'))
     }
 
     /// The run at `dir`, a folder under this one's root.
@@ -349,6 +381,22 @@ impl RunStore {
         let reads: Vec<_> = present.iter().map(|entry| self.read_file(entry)).collect();
         futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await?;
         Ok((present.len(), gone.len()))
+    }
+
+    /// Checks the size and sha256 of every committed table part (not checkpoints) when
+    /// they add up to at most `limit` bytes: what SQL reads, verified where that is cheap.
+    /// Returns the bytes checked, or None (nothing read) over the limit.
+    pub async fn verify_tables_within(&self, limit: u64) -> Result<Option<u64>> {
+        let markers = self.markers().await?;
+        let parts: Vec<&FileEntry> =
+            markers.iter().flat_map(|m| &m.marker.files).filter(|f| f.table.is_some()).collect();
+        let bytes: u64 = parts.iter().map(|f| f.bytes).sum();
+        if bytes > limit {
+            return Ok(None);
+        }
+        let reads: Vec<_> = parts.iter().map(|entry| self.read_file(entry)).collect();
+        futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await?;
+        Ok(Some(bytes))
     }
 
     /// Deletes files no commit marker names (the leftovers of crashed or losing

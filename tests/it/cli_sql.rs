@@ -85,6 +85,59 @@ fn a_sql_syntax_error_is_reported_and_fails() {
 }
 
 #[test]
+fn sql_only_reads_copy_and_external_tables_are_refused() {
+    let (dir, url) = fixture_run();
+    let before = crate::support::files_under(dir.path());
+    let into_the_run = std::path::Path::new(&url).join("turns/iteration=0/part-9.parquet");
+    let copy = format!("COPY (SELECT * FROM turns) TO '{}' STORED AS PARQUET", into_the_run.display());
+    let (ok, _, stderr) = run(&["sql", &url, &copy]);
+    assert!(!ok && stderr.contains("DML not supported: COPY") && stderr.contains("only reads"), "{stderr}");
+    let outside = dir.path().join("copied.csv");
+    let (ok, _, stderr) = run(&["sql", &url, &format!("COPY turns TO '{}'", outside.display())]);
+    assert!(!ok && stderr.contains("only reads"), "{stderr}");
+    let external = "CREATE EXTERNAL TABLE secrets (line VARCHAR) STORED AS CSV LOCATION '/etc/passwd'";
+    let (ok, _, stderr) = run(&["sql", &url, external]);
+    assert!(!ok && stderr.contains("DDL not supported"), "{stderr}");
+    for statement in
+        ["CREATE TABLE t AS SELECT 1", "CREATE VIEW v AS SELECT 1", "SET datafusion.execution.batch_size = 1"]
+    {
+        let (ok, _, stderr) = run(&["sql", &url, statement]);
+        assert!(!ok && stderr.contains("only reads"), "{statement}: {stderr}");
+    }
+    // At the prompt as well.
+    let mut child = petting()
+        .args(["sql", &url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{external};\nselect secrets.line from secrets;\n").as_bytes())
+        .unwrap();
+    let (_, stdout, stderr) = output_of(child.wait_with_output().unwrap());
+    assert!(stderr.contains("DDL not supported") && !stdout.contains("root:"), "{stdout}{stderr}");
+    assert_eq!(crate::support::files_under(dir.path()), before, "nothing was written");
+}
+
+#[test]
+fn a_long_table_result_streams_as_aligned_blocks() {
+    let (_dir, url) = fixture_run();
+    let (ok, stdout, stderr) = run(&["sql", &url, "select value from generate_series(1, 2500)"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.matches("| value |").count(), 3, "three blocks of at most 1000 rows");
+    assert!(stdout.contains("| 2500  |") && stdout.ends_with("(2500 rows)\n"), "{stdout}");
+    let (ok, stdout, _) = run(&["sql", &url, "select agent from turns where false"]);
+    assert!(
+        ok && stdout.contains("| agent |") && stdout.ends_with("(0 rows)\n"),
+        "an empty result has its header: {stdout}"
+    );
+}
+
+#[test]
 fn an_unknown_table_lists_the_tables_of_the_run() {
     let (_dir, url) = fixture_run();
     let (ok, _, stderr) = run(&["sql", &url, "select * from trajectories"]);
@@ -198,6 +251,58 @@ fn gc_removes_the_orphan_and_verify_then_passes() {
 }
 
 #[test]
+fn gc_refuses_a_folder_that_is_not_a_store_and_keeps_what_is_not_a_stage_output() {
+    // The layout a user (and these tests) make: run.yaml beside the store it names.
+    let (dir, url) = fixture_run();
+    let config = dir.path().join("run.yaml");
+    std::fs::write(&config, "store: run\n").unwrap();
+    let before = crate::support::files_under(dir.path());
+    let (ok, _, stderr) = run(&["gc", dir.path().to_str().unwrap(), "--grace", "0s"]);
+    assert!(!ok && stderr.contains("is not a run store: it has no commit markers"), "{stderr}");
+    assert_eq!(crate::support::files_under(dir.path()), before, "a refused gc deletes nothing");
+
+    // Inside the store, only the orphaned part is a stage's output.
+    let run_dir = std::path::Path::new(&url);
+    let users = [run_dir.join("notes.txt"), run_dir.join("turns/mine.parquet"), run_dir.join("checkpoints/README")];
+    for file in &users {
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, "the user's").unwrap();
+    }
+    let (ok, stdout, stderr) = run(&["gc", &url, "--grace", "0s"]);
+    assert!(ok && stdout.contains("deleted 1 uncommitted files"), "{stdout}{stderr}");
+    for file in &users {
+        assert!(file.exists(), "{} is not a stage's output and stays", file.display());
+    }
+    assert!(config.exists());
+}
+
+#[test]
+fn a_store_inside_another_is_refused_by_gc_and_by_pipeline_run() {
+    let (dir, url) = fixture_run();
+    let inner = format!("{url}/inner");
+    block_on(synthetic::commit_turns(&RunStore::open(&inner).unwrap(), 1, 64, 64));
+    let before = crate::support::files_under(dir.path());
+    let (ok, _, stderr) = run(&["gc", &url, "--grace", "0s"]);
+    assert!(!ok && stderr.contains("inner is a run store inside the run store"), "{stderr}");
+    let (ok, _, stderr) = run(&["gc", &inner, "--grace", "0s"]);
+    assert!(!ok && stderr.contains("is a run store inside the run store"), "{stderr}");
+    assert_eq!(crate::support::files_under(dir.path()), before, "a refused gc deletes nothing");
+
+    let config = dir.path().join("nested.yaml");
+    std::fs::write(
+        &config,
+        "store: run/turns/nested\niterations: 1\nenv: {name: plan_path}\nworkflow: {kind: tool_planner}\n\
+         agents: {tool: {policy: shared}, planner: {policy: shared}}\npolicies: {shared: {model: m}}\n",
+    )
+    .unwrap();
+    let output = petting().args(["pipeline", "run", config.to_str().unwrap(), "--until", "update"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("nested is a run store inside the run store"), "{stderr}");
+    assert!(!std::path::Path::new(&url).join("turns/nested").exists(), "nothing is created");
+}
+
+#[test]
 fn verify_and_sql_name_a_truncated_file() {
     let (_dir, url) = fixture_run();
     let part = std::fs::read_dir(std::path::Path::new(&url).join("turns/iteration=1"))
@@ -213,8 +318,10 @@ fn verify_and_sql_name_a_truncated_file() {
     assert!(!ok && stderr.contains(&name) && stderr.contains("corrupt"), "{stderr}");
     let (ok, _, stderr) = run(&["sql", &url, "select count(*) from turns"]);
     assert!(!ok && stderr.contains(&name), "{stderr}");
+    // The tables are small: every query checks their sha256 first, so none answers
+    // from a damaged run, even one that would not read the damaged file.
     let (ok, _, stderr) = run(&["sql", &url, "select count(*) from turns where iteration = 2"]);
-    assert!(ok, "a query that prunes the damaged partition still answers: {stderr}");
+    assert!(!ok && stderr.contains(&name) && stderr.contains("corrupt"), "{stderr}");
 }
 
 #[test]
@@ -245,6 +352,34 @@ fn stages_run_alone_from_the_command_line() {
     assert_eq!(crate::support::files_under(dir.path()).len(), files_before, "a refused stage writes nothing");
     let (ok, _, stderr) = run(&["stage", "group", &url]);
     assert!(!ok && stderr.contains("give --iteration K"), "{stderr}");
+}
+
+#[test]
+fn a_reward_past_float_range_is_refused_before_a_group_is_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("it.yaml");
+    std::fs::write(
+        &config,
+        "store: run\niterations: 1\nenv: {name: plan_path}\nworkflow: {kind: tool_planner}\n\
+         agents: {tool: {policy: shared}, planner: {policy: shared}}\npolicies: {shared: {model: m}}\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = run(&["pipeline", "run", config.to_str().unwrap(), "--until", "update"]);
+    assert!(ok, "{stderr}");
+    let url = dir.path().join("run").to_string_lossy().into_owned();
+    // Rows as a rollout without a bound on rewards would commit them: each finite, their
+    // sum (the mixed reward) and so the group's mean and std not.
+    let mut rows = synthetic::turn_rows(0, 128, 7);
+    for row in &mut rows {
+        (row.local_reward, row.team_reward) = (1.7e308, 1.7e308);
+    }
+    block_on(synthetic::commit_rows(&RunStore::open(&url).unwrap(), 0, &rows, 128));
+    let output = petting().args(["stage", "group", &url, "--iteration", "0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("group of iteration 0 computed") && stderr.contains("not a finite number"), "{stderr}");
+    let store = RunStore::open(&url).unwrap();
+    assert!(block_on(store.marker(&StageId::at(Stage::Group, 0))).unwrap().is_none(), "nothing is committed");
 }
 
 #[test]

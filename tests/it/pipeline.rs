@@ -274,6 +274,45 @@ fn running_a_finished_run_again_changes_nothing() {
     assert_eq!(content(&reference.run), before);
 }
 
+/// Flips one byte in the middle of the first committed train tasks part: same size,
+/// other content. Returns its file name.
+fn damage_tasks(run_dir: &Path) -> String {
+    let part = crate::support::files_under(&run_dir.join("tasks/split=train")).remove(0);
+    let mut bytes = std::fs::read(&part).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&part, bytes).unwrap();
+    part.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn a_damaged_file_is_refused_with_status_3_on_resume_and_on_a_finished_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config = run_file(run_dir.to_str().unwrap(), 5).write(&dir.path().join("it.yaml"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &config, "--until", "rollout:0"]);
+    assert!(ok, "{stderr}");
+    let name = damage_tasks(&run_dir);
+    for (what, args) in
+        [("resumed", vec!["pipeline", "run", &config]), ("sql", vec!["sql", run_dir.to_str().unwrap(), "select 1"])]
+    {
+        let output = petting().args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(3), "{what}: {stderr}");
+        assert!(stderr.contains(&name) && stderr.contains("corrupt"), "{what}: {stderr}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config = run_file(run_dir.to_str().unwrap(), 5).set("iterations", "0").write(&dir.path().join("it.yaml"));
+    pipeline(&config);
+    let name = damage_tasks(&run_dir);
+    let output = petting().args(["pipeline", "run", &config]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "a finished run checks its files: {stderr}");
+    assert!(stderr.contains(&name) && stderr.contains("corrupt"), "{stderr}");
+}
+
 /// Every query of docs/sql.md (its ```sql blocks) and every `petting sql runs/plan-path
 /// "…"` example of the README runs on a real run.
 fn the_documented_queries_run(run_dir: &Path) {
