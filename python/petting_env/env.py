@@ -132,6 +132,34 @@ def task_seed(seed: int, split: str) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+def not_json(value: Any, path: str = "") -> tuple[str, Any] | None:
+    """Where ``value`` holds something that ``json_safe`` could only write as its
+    string (a Fraction, a Decimal, an object, a non-finite float), and that thing; None
+    when it is all JSON. A task row is what the task is: it must not silently become
+    another value's repr."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if value == value and value not in (float("inf"), float("-inf")) else (path, value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = not_json(item, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for index, item in enumerate(value):
+            found = not_json(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    if hasattr(value, "tolist"):
+        return not_json(value.tolist(), path)
+    if hasattr(value, "__dataclass_fields__"):
+        return not_json({name: getattr(value, name) for name in value.__dataclass_fields__}, path)
+    return (path, value)
+
+
 def json_safe(value: Any) -> Any:
     """``value`` as plain JSON data: tuples and sets become lists, other objects strings.
 

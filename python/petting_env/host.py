@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from .env import Env, StepResult, agent_names, json_safe, task_seed
+from .env import Env, StepResult, agent_names, json_safe, not_json, task_seed
 from .loading import UserCodeError, describe_exception, load_env_class, load_reward
 
 PROTOCOL = 1
@@ -240,6 +240,15 @@ class Host:
             raise RequestError(f"tasks failed: {describe_exception(error, *self.user_paths)}") from error
         if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
             raise RequestError(f"{self.env_class.__name__}.tasks() must return a list of dicts")
+        for index, row in enumerate(rows):
+            odd = not_json(row)
+            if odd is not None:
+                path, value = odd
+                raise RequestError(
+                    f"{self.env_class.__name__}.tasks() row {index}{path} is {value!r} ({type(value).__name__}), "
+                    "which JSON cannot say: give task rows of str, int, float, bool, None, lists and dicts "
+                    "(tuples, sets, numpy values and dataclasses are converted)"
+                )
         return {"tasks": [json_safe(row) for row in rows]}
 
     def make(self, request: dict[str, Any]) -> dict[str, Any]:

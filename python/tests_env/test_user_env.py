@@ -194,6 +194,16 @@ class ErrorPathsTest(unittest.TestCase):
         self.assertFalse(response["ok"])
         self.assertIn("reward function", response["error"])
 
+    def test_a_task_value_json_cannot_say_is_refused_naming_it(self) -> None:
+        host = HostProcess(HOST)
+        try:
+            hello(host, {"name": "external", "module": "noisy_env:OddTasks"}, workdir=FIXTURES)
+            response = host.request(op="tasks", split="train", count=2, seed=0)
+            self.assertFalse(response["ok"])
+            self.assertIn("row 0['weights'][1] is Fraction(1, 3) (Fraction)", response["error"])
+        finally:
+            host.close()
+
     def test_unknown_ids_and_finished_episodes(self) -> None:
         [error] = self.host.items("fork", {"id": "ghost", "new": "ghost/0"})
         self.assertIn("unknown episode id 'ghost'", error["error"])

@@ -30,6 +30,7 @@ use crate::workflows::{ALONE_OVER_TURNS, Agent, WorkflowConfig, WorkflowKind};
 
 mod engine;
 mod evaluation;
+mod limits;
 mod policies;
 pub mod reference;
 mod renamed;
@@ -39,6 +40,7 @@ mod warm_start;
 
 pub use engine::{EngineKind, VllmConfig};
 pub use evaluation::{EvalMode, EvaluationConfig};
+pub use limits::Limits;
 pub use policies::{ModelInit, PolicyConfig, Retention};
 pub use renamed::Renamed;
 pub use rollout::{OverlongPrompt, RolloutConfig, RolloutMode, Selection};
@@ -123,6 +125,10 @@ pub struct RunConfig {
     /// optimiser states (and, if asked, weights) are pruned. Absent: everything is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// Bounds on what comes in from outside the run: rewards, request bodies, tasks,
+    /// host messages.
+    #[serde(default, skip_serializing_if = "Limits::is_default")]
+    pub limits: Limits,
 }
 
 /// A stored run and one of its iterations.
@@ -420,6 +426,7 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), Invalid> {
         check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
         self.validate_workflow()?;
+        self.limits.validate()?;
         self.data.validate(&self.env)?;
         self.env.validate()?;
         self.validate_agents()?;

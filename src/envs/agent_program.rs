@@ -1,7 +1,7 @@
 //! `env: {name: agent_program, command: [python, team.py]}`: a user's agent program,
 //! written in any framework, plays each episode. petting runs it once per episode with
 //! an OpenAI-compatible endpoint to call (`OPENAI_BASE_URL`, `OPENAI_API_KEY`) and the
-//! task (`PETTING_TASK`, the task row as JSON); each call names a role as its `model`.
+//! task (`PETTING_TASK_FILE`, a file of the task row as JSON); each call names a role as its `model`.
 //! The program's last line on stdout is its [`Verdict`]. Play drives the programs
 //! (`play::programs`); this module holds what the run file and the program say.
 
@@ -89,7 +89,9 @@ pub struct Verdict {
 
 impl Verdict {
     /// The verdict on the last non-empty line of `stdout`, checked against the team.
-    pub fn parse(stdout: &str, team: &[Agent]) -> Result<Verdict, String> {
+    /// The verdict of a program's stdout; every reward must be finite and within
+    /// `reward_limit` (`limits.reward`).
+    pub fn parse(stdout: &str, team: &[Agent], reward_limit: f64) -> Result<Verdict, String> {
         let Some(line) = stdout.lines().map(str::trim).rfind(|l| !l.is_empty()) else {
             return Err("the program printed no verdict: its last line on stdout must be a JSON object such as \
                         {\"reward\": 1.0}"
@@ -102,15 +104,19 @@ impl Verdict {
                      \"rewards\": {{<role>: <number>}}, \"success\": <bool>}}"
             )
         })?;
-        if !verdict.reward.is_finite() {
-            return Err(format!("the verdict's reward is not a finite number: {}", verdict.reward));
+        let bounded = |reward: f64| reward.is_finite() && reward.abs() <= reward_limit;
+        let out_of_bounds = |whose: String, reward: f64| {
+            format!("the verdict's {whose} is {reward}, not a finite number within ±{reward_limit} (limits.reward)")
+        };
+        if !bounded(verdict.reward) {
+            return Err(out_of_bounds("reward".into(), verdict.reward));
         }
         for (role, reward) in &verdict.rewards {
             if !team.iter().any(|a| a.as_str() == role) {
                 return Err(format!("the verdict rewards {role:?}, which is not a role of agents: ({})", names(team)));
             }
-            if !reward.is_finite() {
-                return Err(format!("the verdict's reward of {role:?} is not a finite number: {reward}"));
+            if !bounded(*reward) {
+                return Err(out_of_bounds(format!("reward of {role:?}"), *reward));
             }
         }
         Ok(verdict)
@@ -141,13 +147,13 @@ mod tests {
     #[test]
     fn the_last_line_is_the_verdict_and_success_defaults_to_a_positive_reward() {
         let out = "thinking...\n{\"reward\": 0.5, \"rewards\": {\"solver\": 1}}\n\n";
-        let verdict = Verdict::parse(out, &team()).unwrap();
+        let verdict = Verdict::parse(out, &team(), 1e6).unwrap();
         assert_eq!((verdict.reward, verdict.success()), (0.5, true));
         assert_eq!(verdict.local_reward(team()[0]), 1.0);
         assert_eq!(verdict.local_reward(team()[1]), 0.0);
-        let failed = Verdict::parse("{\"reward\": 1, \"success\": false}", &team()).unwrap();
+        let failed = Verdict::parse("{\"reward\": 1, \"success\": false}", &team(), 1e6).unwrap();
         assert!(!failed.success());
-        assert!(!Verdict::parse("{\"reward\": 0}", &team()).unwrap().success());
+        assert!(!Verdict::parse("{\"reward\": 0}", &team(), 1e6).unwrap().success());
     }
 
     #[test]
@@ -156,12 +162,14 @@ mod tests {
             ("", "printed no verdict"),
             ("done\n", "not a verdict"),
             ("{\"score\": 1}", "not a verdict"),
+            ("{\"reward\": 1.7e308}", "reward is 170000000000000000"),
+            ("{\"reward\": 1, \"rewards\": {\"solver\": -2e6}}", "reward of \"solver\" is -2000000, not a finite"),
             (
                 "{\"reward\": 1, \"rewards\": {\"critic\": 1}}",
                 "\"critic\", which is not a role of agents: (solver, checker)",
             ),
         ] {
-            let error = Verdict::parse(out, &team()).unwrap_err();
+            let error = Verdict::parse(out, &team(), 1e6).unwrap_err();
             assert!(error.contains(expected), "{out:?}: {error}");
         }
     }

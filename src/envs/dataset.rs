@@ -158,8 +158,9 @@ fn display(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// Every row of the file as a JSON object.
-pub fn read_rows(file: &DatasetFile) -> Result<Vec<Row>, Error> {
+/// Every row of the file as a JSON object. A row over `row_limit` bytes
+/// (`limits.task_bytes`) is refused before it is read whole or parsed.
+pub fn read_rows(file: &DatasetFile, row_limit: u64) -> Result<Vec<Row>, Error> {
     let name = display(&file.path);
     let format = file.format.or_else(|| match file.path.extension().and_then(|e| e.to_str()) {
         Some("jsonl") | Some("json") => Some(DatasetFormat::Jsonl),
@@ -167,15 +168,43 @@ pub fn read_rows(file: &DatasetFile) -> Result<Vec<Row>, Error> {
         _ => None,
     });
     let bad = |reason: String| Error::Dataset { file: name.clone(), reason };
+    let too_long = |row: usize| Error::DatasetRow {
+        file: name.clone(),
+        row,
+        reason: format!("the row is over limits.task_bytes ({row_limit} bytes) of the run file"),
+    };
     match format {
         None => Err(bad("unknown format; name it .jsonl or .parquet, or set `format`".into())),
         Some(DatasetFormat::Jsonl) => {
-            let text = std::fs::read_to_string(&file.path).map_err(|e| bad(e.to_string()))?;
+            let handle = std::fs::File::open(&file.path).map_err(|e| bad(e.to_string()))?;
+            let mut reader = std::io::BufReader::new(handle);
             let mut rows = Vec::new();
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let value: Value = serde_json::from_str(line).map_err(|e| Error::DatasetRow {
+            let mut line = Vec::new();
+            for i in 1.. {
+                line.clear();
+                let read = std::io::BufRead::read_until(
+                    &mut std::io::Read::take(&mut reader, row_limit + 1),
+                    b'\n',
+                    &mut line,
+                );
+                if read.map_err(|e| bad(e.to_string()))? == 0 {
+                    break;
+                }
+                let text = line.strip_suffix(b"\n").unwrap_or(&line);
+                if text.len() as u64 > row_limit {
+                    return Err(too_long(i));
+                }
+                let text = std::str::from_utf8(text).map_err(|e| Error::DatasetRow {
                     file: name.clone(),
-                    row: i + 1,
+                    row: i,
+                    reason: e.to_string(),
+                })?;
+                if text.trim().is_empty() {
+                    continue;
+                }
+                let value: Value = serde_json::from_str(text).map_err(|e| Error::DatasetRow {
+                    file: name.clone(),
+                    row: i,
                     reason: e.to_string(),
                 })?;
                 match value {
@@ -183,7 +212,7 @@ pub fn read_rows(file: &DatasetFile) -> Result<Vec<Row>, Error> {
                     _ => {
                         return Err(Error::DatasetRow {
                             file: name.clone(),
-                            row: i + 1,
+                            row: i,
                             reason: "not a JSON object".into(),
                         });
                     }
@@ -208,7 +237,12 @@ pub fn read_rows(file: &DatasetFile) -> Result<Vec<Row>, Error> {
                 } else {
                     serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))?
                 };
-                rows.extend(part);
+                for row in part {
+                    if Value::Object(row.clone()).to_string().len() as u64 > row_limit {
+                        return Err(too_long(rows.len() + 1));
+                    }
+                    rows.push(row);
+                }
             }
             Ok(rows)
         }
@@ -248,8 +282,8 @@ fn id_of(row: &Row, file: &DatasetFile, index: usize) -> String {
 }
 
 /// Math tasks of a file.
-pub fn math_records(file: &DatasetFile) -> Result<Vec<Record<math::Instance>>, Error> {
-    read_rows(file)?
+pub fn math_records(file: &DatasetFile, row_limit: u64) -> Result<Vec<Record<math::Instance>>, Error> {
+    read_rows(file, row_limit)?
         .iter()
         .enumerate()
         .map(|(i, row)| {
@@ -262,8 +296,8 @@ pub fn math_records(file: &DatasetFile) -> Result<Vec<Record<math::Instance>>, E
 }
 
 /// An agent program's tasks: every row as it is, handed to the program whole.
-pub fn program_records(file: &DatasetFile) -> Result<Vec<Record<Row>>, Error> {
-    Ok(read_rows(file)?
+pub fn program_records(file: &DatasetFile, row_limit: u64) -> Result<Vec<Record<Row>>, Error> {
+    Ok(read_rows(file, row_limit)?
         .into_iter()
         .enumerate()
         .map(|(i, row)| Record { id: id_of(&row, file, i), instance: row, solution: None })
@@ -307,9 +341,9 @@ pub fn parse_tests(value: &Value) -> Result<Vec<TestCase>, String> {
 }
 
 /// Code tasks of a file.
-pub fn code_records(file: &DatasetFile) -> Result<Vec<Record<code::Instance>>, Error> {
+pub fn code_records(file: &DatasetFile, row_limit: u64) -> Result<Vec<Record<code::Instance>>, Error> {
     let name = display(&file.path);
-    read_rows(file)?
+    read_rows(file, row_limit)?
         .iter()
         .enumerate()
         .map(|(i, row)| {
@@ -346,16 +380,27 @@ mod tests {
     }
 
     #[test]
+    fn a_row_over_the_limit_is_refused_before_it_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.jsonl");
+        let long = format!("{{\"problem\": \"{}\", \"answer\": 1}}", "x".repeat(5000));
+        std::fs::write(&path, format!("{{\"problem\": \"p\", \"answer\": 1}}\n{long}\n")).unwrap();
+        let message = math_records(&file(&path, &[]), 4096).unwrap_err().to_string();
+        assert!(message.contains("row 2") && message.contains("over limits.task_bytes (4096 bytes)"), "{message}");
+        assert_eq!(math_records(&file(&path, &[]), 8192).unwrap().len(), 2);
+    }
+
+    #[test]
     fn math_rows_are_read_through_the_column_mapping() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("aime.jsonl");
         std::fs::write(&path, "{\"ID\": \"2024-I-1\", \"Problem\": \"p1\", \"Answer\": 204}\n\n{\"ID\": \"2024-I-2\", \"Problem\": \"p2\", \"Answer\": \"25\"}\n").unwrap();
         let mapping = [(DatasetField::Id, "ID"), (DatasetField::Problem, "Problem"), (DatasetField::Answer, "Answer")];
-        let records = math_records(&file(&path, &mapping)).unwrap();
+        let records = math_records(&file(&path, &mapping), 1 << 20).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(records[0].id, "2024-I-1");
         assert_eq!(records[0].instance, math::Instance { problem: "p1".into(), answer: "204".into(), entry: None });
-        let message = math_records(&file(&path, &[])).unwrap_err().to_string();
+        let message = math_records(&file(&path, &[]), 1 << 20).unwrap_err().to_string();
         assert!(
             message.ends_with("row 1: no column `problem` for problem; map it with data.*_file.columns.problem"),
             "{message}"
@@ -389,7 +434,7 @@ mod tests {
         writer.write(&batch).unwrap();
         writer.close().unwrap();
         let mapping = [(DatasetField::Problem, "question"), (DatasetField::Tests, "input_output")];
-        let records = code_records(&file(&path, &mapping)).unwrap();
+        let records = code_records(&file(&path, &mapping), 1 << 20).unwrap();
         assert_eq!(records[0].instance.problem, "add");
         assert_eq!(records[0].instance.tests, [TestCase { input: "1 2\n".into(), output: "3\n".into() }]);
         assert_eq!(records[0].id, "row0");

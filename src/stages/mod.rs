@@ -88,6 +88,19 @@ pub enum Error {
     #[error("{stage} produced rows that do not fit schemas/{table}.json: {detail}")]
     Conform { stage: StageId, table: Table, detail: String },
 
+    #[error(
+        "{stage}: {candidate} has {column} {value}, not a finite number within ±{limit} (limits.reward); \
+         the environment or its reward function gave it, and nothing of the stage was committed"
+    )]
+    Reward { stage: StageId, candidate: String, column: &'static str, value: f64, limit: f64 },
+
+    #[error(
+        "{stage} computed {column} = {value} for {key}, which is not a finite number; nothing was \
+         committed (are the rewards of its iteration finite? petting sql RUN \"select candidate_id, \
+         local_reward, team_reward from turns where iteration = ...\")"
+    )]
+    NotFinite { stage: StageId, column: String, value: f64, key: String },
+
     #[error("out of memory in {stage}{}: try {knob} ({detail})", policy.as_ref().map(|p| format!(", policy {p}")).unwrap_or_default())]
     OutOfMemory { stage: StageId, policy: Option<String>, knob: String, detail: String },
 }
@@ -177,11 +190,40 @@ async fn commit_query(
         .map(|b| crate::tables::conform(b, table))
         .collect::<Result<Vec<RecordBatch>, _>>()
         .map_err(|e| Error::Conform { stage, table, detail: e.to_string() })?;
+    for batch in &conformed {
+        check_finite(stage, batch)?;
+    }
     let mut writer = store.begin(stage);
     let iteration = stage.iteration.expect("a per-iteration stage");
     writer.write_table(table, Partition::Iteration(iteration), &conformed).await?;
     let info = CommitInfo { inputs: inputs.iter().map(StoredMarker::input_ref).collect(), ..run_info(config) };
     Ok(writer.finish().commit(info).await?)
+}
+
+/// An error naming the first value of a float column of `batch` that is NaN or
+/// infinite: a group's mean or a sample's advantage computed from such a value would be
+/// trained on from then on.
+fn check_finite(stage: StageId, batch: &RecordBatch) -> Result<(), Error> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{DataType, Float64Type};
+    let key = |row: usize| {
+        ["candidate_id", "group_id"]
+            .iter()
+            .find_map(|name| batch.column_by_name(name)?.as_string_opt::<i32>().map(|c| c.value(row).to_string()))
+            .unwrap_or_else(|| format!("row {row}"))
+    };
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.data_type() != &DataType::Float64 {
+            continue;
+        }
+        let values = column.as_primitive::<Float64Type>();
+        let bad = (0..values.len()).find(|&i| values.is_valid(i) && !values.value(i).is_finite());
+        if let Some(row) = bad {
+            let value = values.value(row);
+            return Err(Error::NotFinite { stage, column: field.name().clone(), value, key: key(row) });
+        }
+    }
+    Ok(())
 }
 
 /// What every marker of a run records about the run itself; stages add their inputs,

@@ -26,7 +26,7 @@
 //!   `vocab_size` of the first scratch policy's `config.json`; the chat template is that
 //!   folder's `chat_template.jinja` (ChatML when it has none).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -71,6 +71,12 @@ pub enum Error {
 
     #[error("{task_id}: the environment host's task cannot be used: {reason}")]
     HostTask { task_id: String, reason: String },
+
+    #[error(
+        "{split}: the environment host's tasks({split:?}, {wanted}) returned {found} rows; it must return exactly \
+         the count asked for"
+    )]
+    HostTaskCount { split: &'static str, wanted: usize, found: usize },
 
     #[error("{split}: {wanted} tasks wanted, but only {found} distinct ones {source_text}")]
     NotEnoughTasks { split: &'static str, wanted: usize, found: usize, source_text: String },
@@ -224,13 +230,12 @@ fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
 /// run seed (its `tasks` request).
 fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let hosted = config.env.hosted().expect("a hosted environment");
-    let session = Session::start(hosted, &config.team())?;
+    let session = Session::start(hosted, &config.team(), &config.limits)?;
     let env = config.env.name();
     let split = |name: &'static str, key: u64, n: usize| -> Result<Vec<TaskRow>, Error> {
         let rows = session.host.tasks(name, n, stream(&[config.seed, key]))?;
         if rows.len() != n {
-            let source_text = format!("from the environment host's tasks({name:?}, {n})");
-            return Err(Error::NotEnoughTasks { split: name, wanted: n, found: rows.len(), source_text });
+            return Err(Error::HostTaskCount { split: name, wanted: n, found: rows.len() });
         }
         rows.into_iter()
             .enumerate()
@@ -248,7 +253,30 @@ fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<T
             })
             .collect()
     };
-    Ok((split("train", Key::TRAIN_TASKS, train_n)?, split("test", Key::TEST_TASKS, test_n)?))
+    let (train, test) = (split("train", Key::TRAIN_TASKS, train_n)?, split("test", Key::TEST_TASKS, test_n)?);
+    check_host_tasks(&train, &test, config.limits.task_bytes)?;
+    Ok((train, test))
+}
+
+/// The checks generated tasks meet by construction: each within `limits.task_bytes`,
+/// no task twice in a split, and no test task among the training ones.
+fn check_host_tasks(train: &[TaskRow], test: &[TaskRow], task_bytes: u64) -> Result<(), Error> {
+    let refuse = |task: &TaskRow, reason: String| Err(Error::HostTask { task_id: task.task_id.clone(), reason });
+    let mut seen: HashMap<&str, &TaskRow> = HashMap::new();
+    for task in train.iter().chain(test) {
+        if task.instance.len() as u64 > task_bytes {
+            return refuse(task, format!("it is over limits.task_bytes ({task_bytes} bytes) of the run file"));
+        }
+        if let Some(first) = seen.insert(&task.instance, task) {
+            let reason = if first.task_id.contains("/train/") && task.task_id.contains("/test/") {
+                format!("it is also a training task ({}): the test split must be held out", first.task_id)
+            } else {
+                format!("it repeats {}: tasks() must return distinct tasks", first.task_id)
+            };
+            return refuse(task, reason);
+        }
+    }
+    Ok(())
 }
 
 /// A reasoning-gym entry as a math task: its question, its answer as text (the
@@ -353,19 +381,19 @@ fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<
     };
     let read = |file| -> Result<Vec<Record>, Error> {
         Ok(match &config.env {
-            EnvConfig::Math(_) => dataset::math_records(file)?
+            EnvConfig::Math(_) => dataset::math_records(file, config.limits.task_bytes)?
                 .into_iter()
                 .map(|r| (r.id, r.instance.problem.clone(), json(&r.instance), Some(json(&r.instance.answer))))
                 .collect(),
             // The whole row is the task; it is its own key for holding test rows out.
-            EnvConfig::AgentProgram(_) => dataset::program_records(file)?
+            EnvConfig::AgentProgram(_) => dataset::program_records(file, config.limits.task_bytes)?
                 .into_iter()
                 .map(|r| {
                     let row = json(&r.instance);
                     (r.id, row.clone(), row, None)
                 })
                 .collect(),
-            _ => dataset::code_records(file)?
+            _ => dataset::code_records(file, config.limits.task_bytes)?
                 .into_iter()
                 .map(|r| (r.id, r.instance.problem.clone(), json(&r.instance), r.solution.map(|s| json(&s))))
                 .collect(),

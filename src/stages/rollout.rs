@@ -6,7 +6,7 @@
 //! are per task, so shards together write exactly the rows one unsharded rollout writes.
 //! A replay fork's rollout is not sampled here: the pipeline runs `replay` instead.
 
-use crate::config::RunConfig;
+use crate::config::{Limits, RunConfig};
 use crate::engine::StageEngine;
 use std::collections::HashMap;
 
@@ -58,6 +58,7 @@ pub async fn run(
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
     let rows = turn_rows(config, &batch, &played, &loaded);
+    check_rewards(stage, &rows, &config.limits)?;
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
         policies_used: loaded.refs(),
@@ -70,6 +71,19 @@ pub async fn run(
     let marker = super::commit_by_agent(writer, rows, info).await?;
     session.policies.give_back(loaded);
     Ok(marker)
+}
+
+/// An error naming the first candidate whose reward is not finite or past `limits.reward`.
+fn check_rewards(stage: StageId, rows: &[TurnRow], limits: &Limits) -> Result<(), Error> {
+    for row in rows {
+        for (column, value) in [("local_reward", row.local_reward), ("team_reward", row.team_reward)] {
+            if !limits.allows_reward(value) {
+                let candidate = row.candidate_id.clone();
+                return Err(Error::Reward { stage, candidate, column, value, limit: limits.reward });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn setup(config: &RunConfig, iteration: u32) -> Setup {

@@ -88,7 +88,7 @@ fn a_script_that_serves_its_environment_is_the_host() {
                   \x20       super().reset(task, seed)\n\
                   serve(Chatty)\n";
     std::fs::write(dir.path().join("guess.py"), script).unwrap();
-    let env = "{name: external, command: [python, guess.py], config: {high: 4, max_turns: 2}}";
+    let env = "{name: external, command: [python, guess.py], config: {high: 8, max_turns: 2}}";
     run_ok(&hosted_run(dir.path(), env, &["alice", "bob"]), dir.path());
     let played = sql_rows(&dir.path().join("run"), "select count(*) > 0 from turns");
     assert_eq!(played, ["true"]);
@@ -102,7 +102,7 @@ fn an_error_inside_the_users_environment_names_the_episode_and_the_line() {
                   \x20   agents = ('solo',)\n\
                   \x20   @classmethod\n\
                   \x20   def tasks(cls, config, split, count, seed):\n\
-                  \x20       return [{'n': i} for i in range(count)]\n\
+                  \x20       return [{'n': i, 'split': split} for i in range(count)]\n\
                   \x20   def reset(self, task, seed):\n\
                   \x20       raise ValueError('the board would not set up')\n";
     std::fs::write(dir.path().join("broken.py"), broken).unwrap();
@@ -110,6 +110,35 @@ fn an_error_inside_the_users_environment_names_the_episode_and_the_line() {
     let stderr = run_err(&hosted_run(dir.path(), env, &["solo"]), dir.path());
     assert!(stderr.contains("the board would not set up") && stderr.contains("broken.py"), "{stderr}");
     assert!(stderr.contains("`make`") && stderr.contains("episode e"), "{stderr}");
+}
+
+#[test]
+fn a_hosts_tasks_are_checked_as_generated_ones_are() {
+    for (rows, expected) in [
+        ("[{'n': 0} for i in range(count)]", "it repeats external/train/000000: tasks() must return distinct tasks"),
+        ("[{'n': i} for i in range(count)]", "it is also a training task (external/train/000000)"),
+        ("[{'n': i, 's': split} for i in range(count + 1)]", "tasks(\"train\", 4) returned 5 rows"),
+        (
+            "[{'n': i, 's': split, 'text': 'x' * 5000} for i in range(count)]",
+            "it is over limits.task_bytes (4096 bytes)",
+        ),
+        ("[{'text': 'x' * 40000}]", "a message over limits.host_message_bytes (32768 bytes)"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let class = format!(
+            "from petting_env import Env\n\
+             class Tasks(Env):\n\
+             \x20   agents = ('solo',)\n\
+             \x20   @classmethod\n\
+             \x20   def tasks(cls, config, split, count, seed):\n\
+             \x20       return {rows}\n"
+        );
+        std::fs::write(dir.path().join("tasks.py"), class).unwrap();
+        let file = hosted_run(dir.path(), "{name: external, module: 'tasks.py:Tasks'}", &["solo"])
+            .set("limits", "{task_bytes: 4096, host_message_bytes: 32768}");
+        let stderr = run_err(&file, dir.path());
+        assert!(stderr.contains(expected), "{rows}: {stderr}");
+    }
 }
 
 #[test]

@@ -584,6 +584,21 @@ fn update_refuses_to_commit_weights_a_step_made_non_finite() {
 }
 
 #[test]
+fn update_refuses_to_commit_a_step_too_large_to_measure() {
+    // lr 1e20 keeps every weight finite, but the change's norm overflows float32.
+    let run = new_run_with(|file| file.set("policies.tool_p.optimizer.lr", "1.0e20"));
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    block_on(rollout(&run, 0, Tamper::None));
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
+    match refusal(&err) {
+        update::Error::WeightsOverflow { policy, .. } => assert_eq!(policy, "tool_p"),
+        other => panic!("expected a step too large to measure, got {other}"),
+    }
+    assert!(err.to_string().contains("policies.tool_p.optimizer.lr"), "{err}");
+    assert_nothing_committed(&run, 0, Some("checkpoints/plan_p/v000001."));
+}
+
+#[test]
 fn update_refuses_a_checkpoint_whose_weights_give_non_finite_logprobs() {
     let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();

@@ -73,9 +73,14 @@ class GuessNumber(Env):
 
     @classmethod
     def tasks(cls, config: dict[str, Any], split: str, count: int, seed: int) -> list[dict[str, Any]]:
+        # Distinct secrets, and none shared by the splits: every third number is a
+        # test secret, the rest are training ones.
         rng = random.Random(task_seed(seed, split))
         high = int(config.get("high", 100))
-        return [{"secret": rng.randint(1, high)} for _ in range(count)]
+        pool = [n for n in range(1, high + 1) if (n % 3 == 0) == (split == "test")]
+        if count > len(pool):
+            raise ValueError(f"{count} {split} tasks wanted, but high = {high} has only {len(pool)} {split} secrets")
+        return [{"secret": secret} for secret in rng.sample(pool, count)]
 
 
 if __name__ == "__main__":

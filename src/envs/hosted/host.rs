@@ -8,7 +8,7 @@
 //! tracebacks, a user's prints) is kept, its last lines quoted in errors.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -66,6 +66,8 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Longest wait for one answer.
     pub timeout: Duration,
+    /// Longest answer (one line), in bytes (`limits.host_message_bytes`).
+    pub message_bytes: u64,
 }
 
 impl Launch {
@@ -133,22 +135,33 @@ impl Host {
     /// reads it. The host answers with its agents.
     pub fn start(launch: &Launch, env: Value, reward: Option<&str>) -> Result<Host, Error> {
         let command = launch.shown();
-        let mut child = Command::new(&launch.program)
+        let mut process = Command::new(&launch.program);
+        process
             .args(&launch.args)
             .current_dir(&launch.workdir)
             .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| Error::Start { command: command.clone(), source })?;
+            .stderr(Stdio::piped());
+        // The host, and whatever it starts, ends with it and with petting.
+        crate::contain::contain(&mut process);
+        let mut child = process.spawn().map_err(|source| Error::Start { command: command.clone(), source })?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped");
         let stderr_pipe = child.stderr.take().expect("piped");
         let (sender, lines) = channel();
+        let limit = launch.message_bytes;
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if sender.send(line).is_err() {
+            let mut stdout = BufReader::new(stdout);
+            loop {
+                let line = read_line(&mut stdout, limit);
+                let end = !matches!(line, Ok(Some(_)));
+                if let Some(line) = line.transpose()
+                    && sender.send(line).is_err()
+                {
+                    break;
+                }
+                if end {
                     break;
                 }
             }
@@ -351,6 +364,24 @@ impl Host {
     fn stderr_text(&self) -> String {
         self.stderr.lock().expect("stderr lines").iter().cloned().collect::<Vec<_>>().join("\n")
     }
+}
+
+/// One line of `reader` without its newline, None at its end; a line over `limit`
+/// bytes is an error before more than `limit` bytes of it are held.
+fn read_line(reader: &mut impl BufRead, limit: u64) -> std::io::Result<Option<String>> {
+    let mut line = Vec::new();
+    if reader.take(limit + 1).read_until(b'\n', &mut line)? == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if line.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a message over limits.host_message_bytes ({limit} bytes) of the run file"),
+        ));
+    }
+    String::from_utf8(line).map(Some).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 impl Drop for Host {

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::agent::Agent;
+use crate::config::Limits;
 use crate::validate::{Invalid, check};
 
 pub use host::{Host, Stepped, Turn};
@@ -319,7 +320,7 @@ impl HostedConfig<'_> {
         }
     }
 
-    fn launch(&self) -> std::io::Result<host::Launch> {
+    fn launch(&self, message_bytes: u64) -> std::io::Result<host::Launch> {
         let settings = self.settings();
         let python = settings.python();
         let package = package::folder()?;
@@ -347,6 +348,7 @@ impl HostedConfig<'_> {
             },
             env: vec![("PYTHONPATH".into(), python_path), ("PYTHONDONTWRITEBYTECODE".into(), "1".into())],
             timeout: Duration::from_secs_f64(settings.timeout_seconds),
+            message_bytes,
         })
     }
 }
@@ -362,9 +364,11 @@ pub struct Session {
 
 impl Session {
     /// Starts the host of `config` and checks that the agents of an environment it
-    /// holds the episodes of are `agents`.
-    pub fn start(config: HostedConfig, agents: &[Agent]) -> Result<Arc<Session>, host::Error> {
-        let launch = config.launch().map_err(|source| host::Error::Start { command: "petting_env".into(), source })?;
+    /// holds the episodes of are `agents`; its messages are bounded by `limits`.
+    pub fn start(config: HostedConfig, agents: &[Agent], limits: &Limits) -> Result<Arc<Session>, host::Error> {
+        let launch = config
+            .launch(limits.host_message_bytes)
+            .map_err(|source| host::Error::Start { command: "petting_env".into(), source })?;
         let host = Host::start(&launch, config.hello_env(), config.reward())?;
         let mut expected = agents.to_vec();
         let mut named = host.agents().to_vec();

@@ -100,6 +100,13 @@ pub enum Error {
     )]
     NonFiniteWeights { policy: String, version: u32, names: String, lr: f64, grad_clip: f64 },
 
+    #[error(
+        "refusing to commit {policy:?} v{version}: step {step} changed its weights by more than float32 can \
+         measure (weights_change = {change}); nothing was written. What helps: a lower learning rate \
+         (policies.{policy}.optimizer.lr = {lr})"
+    )]
+    WeightsOverflow { policy: String, version: u32, step: u32, change: f64, lr: f64 },
+
     #[error("policy {policy:?}: {reason}")]
     Init { policy: String, reason: String },
 

@@ -203,6 +203,15 @@ fn check_finite(set: &TrainingSet, settings: &PpoSettings, trainer: &Trainer, ro
             grad_clip: settings.grad_clip,
         });
     }
+    if let Some(row) = trained.iter().find(|r| r.weights_change.is_some_and(|c| !c.is_finite())) {
+        return Err(Error::WeightsOverflow {
+            policy,
+            version,
+            step: row.step,
+            change: row.weights_change.unwrap_or_default(),
+            lr: settings.optimizer.lr,
+        });
+    }
     Ok(())
 }
 
