@@ -7,6 +7,7 @@ pub mod agent;
 pub mod algo;
 pub mod allocator;
 pub mod config;
+pub mod contain;
 pub mod engine;
 pub mod envs;
 pub mod inspect;

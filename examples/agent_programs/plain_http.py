@@ -3,7 +3,7 @@ solver answers, is asked again with its first answer kept in the conversation, a
 checker gives the final answer. The last line printed is the verdict petting reads."""
 import json, os, re, urllib.request
 
-task = json.loads(os.environ["PETTING_TASK"])  # the task row: {"question": ..., "answer": ...}
+task = json.load(open(os.environ["PETTING_TASK_FILE"]))  # the task row: {"question": ..., "answer": ...}
 
 def chat(role, messages):  # one call; `model` names the role
     request = urllib.request.Request(

@@ -5,7 +5,7 @@ import os
 import re
 
 # The task row as JSON; for these examples {"question": "What is 17 + 25?", "answer": "42"}.
-TASK = json.loads(os.environ["PETTING_TASK"])
+TASK = json.load(open(os.environ["PETTING_TASK_FILE"]))
 
 
 def first_integer(text):

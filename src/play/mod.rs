@@ -81,16 +81,21 @@ pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Games, Error> {
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
     if let Some(program) = config.env.agent_program() {
         let tasks = tasks.iter().map(|t| (t.task_id.clone(), t.instance.clone())).collect();
-        return Ok(Games::Programs(programs::Programs { config: program.clone(), tasks, team: config.team() }));
+        return Ok(Games::Programs(programs::Programs {
+            config: program.clone(),
+            tasks,
+            team: config.team(),
+            limits: config.limits.clone(),
+        }));
     }
     if let Some(scorer) = config.env.scorer() {
-        let session = Session::start(scorer, &config.team())?;
+        let session = Session::start(scorer, &config.team(), &config.limits)?;
         let games = tasks.iter().map(|t| Ok(game(t, judged(&config.env, &session, &t.instance)?)));
         return games.collect::<Result<_, Error>>().map(Games::Envs);
     }
     let games: Result<Vec<Game>, Error> = match config.env.hosted() {
         Some(hosted) => {
-            let session = Session::start(hosted, &config.team())?;
+            let session = Session::start(hosted, &config.team(), &config.limits)?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
         None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),

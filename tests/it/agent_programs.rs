@@ -124,6 +124,9 @@ if mode == "long_prompt":
     chat("checker", "many words " * 2000)
 if mode == "silent":
     sys.exit(0)
+if mode == "huge_reward":
+    print(json.dumps({"reward": 1.7e308}))
+    sys.exit(0)
 print("the answer is 4" if mode == "malformed" else json.dumps({"reward": 1.0}))
 "#;
 
@@ -131,7 +134,7 @@ print("the answer is 4" if mode == "malformed" else json.dumps({"reward": 1.0}))
 fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("misbehaving.py"), MISBEHAVING).unwrap();
-    let modes = ["ok", "crash", "hang", "silent", "malformed", "unknown_role", "long_prompt"];
+    let modes = ["ok", "crash", "hang", "silent", "malformed", "unknown_role", "long_prompt", "huge_reward"];
     let rows: Vec<String> = modes.iter().map(|m| format!("{{\"id\": \"{m}\", \"mode\": \"{m}\"}}")).collect();
     std::fs::write(dir.path().join("train.jsonl"), rows.join("\n")).unwrap();
     std::fs::write(dir.path().join("test.jsonl"), "{\"id\": \"t\", \"mode\": \"ok\"}\n").unwrap();
@@ -143,8 +146,8 @@ fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
                 dir.path().display()
             ),
         )
-        .set("data", "{train_tasks: 7, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
-        .set("rollout.tasks_per_iteration", "7")
+        .set("data", "{train_tasks: 8, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
+        .set("rollout.tasks_per_iteration", "8")
         .set("rollout.episodes_per_task", "1")
         .set("rollout.max_prompt_tokens", "512")
         .set("evaluation.tasks", "1");
@@ -161,8 +164,9 @@ fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
         ("unknown_role", "critic"),
         ("unknown_role", "`model` must be one of the agents (checker, solver)"),
         ("long_prompt", "over the limit of 512 (max_prompt_tokens)"),
+        ("huge_reward", "not a finite number within ±1000000 (limits.reward)"),
     ];
-    assert_eq!(failed.len(), 6, "{failed:?}");
+    assert_eq!(failed.len(), 7, "{failed:?}");
     for (mode, reason) in expected {
         assert!(
             failed.iter().any(|f| f.contains(&format!("-{mode}/e0: ")) && f.contains(reason)),
@@ -175,6 +179,147 @@ fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
     let ok = sql_rows(&store, "SELECT team_reward, failure IS NULL FROM turns WHERE task_id LIKE '%-ok'");
     assert_eq!(ok, ["1.0,true"]);
     assert_eq!(sql_rows(&store, "SELECT count(*) FROM updates WHERE policy = 'solver'"), ["1"]);
+}
+
+/// A program that, as a hostile one would, calls with its own key on other episodes'
+/// paths and with a guessed key; the honest ones call once for their own episode.
+const TRESPASSING: &str = r#"
+import json, os, urllib.request, urllib.error
+task = json.load(open(os.environ["PETTING_TASK_FILE"]))
+base = os.environ["OPENAI_BASE_URL"]
+def post(url, key, role):
+    request = urllib.request.Request(url + "/chat/completions",
+        data=json.dumps({"model": role, "messages": [{"role": "user", "content": "2 + 2?"}]}).encode(),
+        headers={"Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+key = os.environ["OPENAI_API_KEY"]
+if task["mode"] == "hostile":
+    root = base[: -len("/v1")]
+    others = [post(f"{root}/e/{n}/v1", key, role) for n in range(8) for role in ["solver", "critic"]]
+    guessed = post(base, "petting-" + "0" * 32, "solver")
+    json.dump({"others": others, "guessed": guessed}, open(f"statuses-{task['id']}.json", "w"))
+post(base, key, "solver")
+print(json.dumps({"reward": 1.0 if task["mode"] == "honest" else 0.0}))
+"#;
+
+#[test]
+fn an_episode_key_calls_for_its_own_episode_only() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("trespassing.py"), TRESPASSING).unwrap();
+    let modes = ["honest", "honest", "hostile", "honest"];
+    let rows: Vec<String> =
+        modes.iter().enumerate().map(|(i, m)| format!("{{\"id\": \"{m}{i}\", \"mode\": \"{m}\"}}")).collect();
+    std::fs::write(dir.path().join("train.jsonl"), rows.join("\n")).unwrap();
+    std::fs::write(dir.path().join("test.jsonl"), "{\"id\": \"t\", \"mode\": \"honest\"}\n").unwrap();
+    let file = team_run(dir.path(), "trespassing.py", &fixture("hf-tiny-qwen3"))
+        .set(
+            "env",
+            &format!("{{name: agent_program, command: [python, trespassing.py], workdir: {}}}", dir.path().display()),
+        )
+        .set("data", "{train_tasks: 4, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
+        .set("rollout.tasks_per_iteration", "4")
+        .set("rollout.episodes_per_task", "1")
+        .set("evaluation.tasks", "1");
+    run_ok(&file, dir.path(), Some("group:0"));
+    let statuses: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("statuses-hostile2.json")).unwrap()).unwrap();
+    let others: Vec<u64> = statuses["others"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
+    // Its own episode's path (one n of eight) is its own; every other is refused.
+    assert!(others.iter().filter(|&&s| s == 403).count() >= 14, "{others:?}");
+    assert_eq!(statuses["guessed"], 401);
+    let store = dir.path().join("run");
+    let honest = sql_rows(
+        &store,
+        "SELECT task_id, count(*), min(team_reward), max(failure) FROM turns WHERE task_id LIKE '%honest%' \
+         GROUP BY 1 ORDER BY 1",
+    );
+    assert_eq!(honest.len(), 3, "{honest:?}");
+    for row in &honest {
+        assert!(row.ends_with(",1,1.0,"), "each honest episode has its one call, its reward, no failure: {honest:?}");
+    }
+}
+
+/// A program that leaves processes behind: one in a session of its own that holds its
+/// stdout, one in its group; then it works past its episode's deadline.
+const LINGERING: &str = r#"
+import os, subprocess, sys, time
+subprocess.Popen(["sleep", "419.1234"], start_new_session=True)
+subprocess.Popen(["sleep", "419.1234"], stdout=subprocess.DEVNULL)
+if os.environ["PETTING_TASK_ID"].endswith("quick"):
+    print('{"reward": 1.0}')
+    sys.exit(0)
+time.sleep(400)
+"#;
+
+/// Whether a live process has `marker` in its command line.
+fn running(marker: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        let cmdline =
+            String::from_utf8_lossy(&std::fs::read(entry.path().join("cmdline")).unwrap_or_default()).into_owned();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        cmdline.contains(marker) && !stat.contains(") Z ")
+    })
+}
+
+fn gone_within(marker: &str, seconds: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while running(marker) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    true
+}
+
+fn lingering_run(dir: &Path, mode: &str) -> String {
+    std::fs::write(dir.join("lingering.py"), LINGERING).unwrap();
+    std::fs::write(dir.join("train.jsonl"), format!("{{\"id\": \"{mode}\"}}\n")).unwrap();
+    std::fs::write(dir.join("test.jsonl"), "{\"id\": \"quick-test\"}\n").unwrap();
+    let file = team_run(dir, "lingering.py", &fixture("hf-tiny-qwen3"))
+        .set(
+            "env",
+            &format!(
+                "{{name: agent_program, command: [python, lingering.py], workdir: {}, timeout_seconds: 60}}",
+                dir.display()
+            ),
+        )
+        .set("data", "{train_tasks: 1, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
+        .set("rollout.tasks_per_iteration", "1")
+        .set("rollout.episodes_per_task", "1")
+        .set("evaluation.tasks", "1");
+    file.write(&dir.join("run.yaml"))
+}
+
+#[test]
+fn nothing_a_program_starts_outlives_its_episode_or_petting() {
+    // The episode ends by its verdict; what it started, in its group or in a session of
+    // its own holding its stdout, ends with it, and the stage does not wait for them.
+    let dir = tempfile::tempdir().unwrap();
+    let config = lingering_run(dir.path(), "quick");
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--until", "group:0"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(started.elapsed().as_secs() < 300, "the rollout waited for a process holding the program's stdout");
+    assert!(gone_within("419.1234", 10), "a process the program started outlived its episode");
+
+    // kill -9 of petting mid-episode: the program and all it started end too.
+    let dir = tempfile::tempdir().unwrap();
+    let config = lingering_run(dir.path(), "slow");
+    let mut petting = crate::support::petting().args(["pipeline", "run", &config]).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !running("419.1234") {
+        assert!(std::time::Instant::now() < deadline, "the program never started");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    petting.kill().unwrap();
+    petting.wait().unwrap();
+    assert!(gone_within("419.1234", 10), "processes outlived petting's kill -9");
+    assert!(gone_within("lingering.py", 10), "the program outlived petting's kill -9");
 }
 
 #[test]

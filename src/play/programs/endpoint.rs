@@ -1,17 +1,24 @@
 //! The OpenAI-compatible endpoint agent programs call: `POST /v1/chat/completions`,
-//! `POST /v1/completions` and `GET /v1/models`, on 127.0.0.1 only, behind a key made
-//! fresh for each stage. Each episode has its own base URL (`/e/<episode>/v1`), so a
-//! program needs nothing but the `OPENAI_BASE_URL` and `OPENAI_API_KEY` it is given.
+//! `POST /v1/completions` and `GET /v1/models`, on 127.0.0.1 only. Every episode gets a
+//! key of its own, made fresh when its program starts and revoked when it ends, and the
+//! episode a call belongs to is the one its key was made for: nothing in the request (its
+//! path, its body) can name another episode, so a program cannot write into another
+//! episode's trajectory, by mistake or on purpose. A program needs nothing but the
+//! `OPENAI_BASE_URL` and `OPENAI_API_KEY` it is given.
+//!
+//! A request body is refused past `limits.request_bytes` before it is read whole: by its
+//! `Content-Length`, or as it streams in.
 //!
 //! The endpoint only speaks HTTP: each call goes to the dispatcher (`super`) as an
 //! [`Event::Call`] and waits for its answer there, where calls are batched into the
 //! engine. The request's sampling parameters (temperature, max_tokens, …) are ignored:
 //! what the update trains must be sampled as the run's `rollout.sampling` says.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -70,42 +77,69 @@ impl Refusal {
 /// A running endpoint; it stops when dropped.
 pub struct Endpoint {
     pub port: u16,
-    pub key: String,
+    shared: Arc<Shared>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 struct Shared {
-    key: String,
+    /// The key of each running episode.
+    keys: Mutex<HashMap<String, usize>>,
     roles: Vec<String>,
     events: Sender<Event>,
     next_id: AtomicU64,
+    request_bytes: usize,
+}
+
+impl Shared {
+    fn episode_of(&self, key: &str) -> Option<usize> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).get(key).copied()
+    }
 }
 
 impl Endpoint {
-    /// Listens on a free port of 127.0.0.1, on a thread of its own.
-    pub fn start(roles: Vec<String>, events: Sender<Event>) -> std::io::Result<Endpoint> {
-        let key = format!("petting-{}", uuid::Uuid::new_v4().simple());
+    /// Listens on a free port of 127.0.0.1, on a thread of its own; request bodies past
+    /// `request_bytes` are refused.
+    pub fn start(roles: Vec<String>, events: Sender<Event>, request_bytes: u64) -> std::io::Result<Endpoint> {
         let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
         listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
-        let shared = Arc::new(Shared { key: key.clone(), roles, events, next_id: AtomicU64::new(0) });
+        let shared = Arc::new(Shared {
+            keys: Mutex::new(HashMap::new()),
+            roles,
+            events,
+            next_id: AtomicU64::new(0),
+            request_bytes: usize::try_from(request_bytes).unwrap_or(usize::MAX),
+        });
+        let served = Arc::clone(&shared);
         let (stop, stopped) = oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
         let thread = std::thread::Builder::new().name("petting-endpoint".into()).spawn(move || {
             runtime.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(listener) => serve(listener, shared, stopped).await,
+                    Ok(listener) => serve(listener, served, stopped).await,
                     Err(e) => tracing::error!("the agent endpoint cannot listen: {e}"),
                 }
             })
         })?;
-        Ok(Endpoint { port, key, stop: Some(stop), thread: Some(thread) })
+        Ok(Endpoint { port, shared, stop: Some(stop), thread: Some(thread) })
     }
 
-    /// The base URL of an episode's calls, as `OPENAI_BASE_URL` gives it.
-    pub fn base_url(&self, episode: usize) -> String {
-        format!("http://127.0.0.1:{}/e/{episode}/v1", self.port)
+    /// The base URL of every episode's calls, as `OPENAI_BASE_URL` gives it.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// A new key for `episode`, the only one its calls are taken with.
+    pub fn admit(&self, episode: usize) -> String {
+        let key = format!("petting-{}", uuid::Uuid::new_v4().simple());
+        self.shared.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), episode);
+        key
+    }
+
+    /// Revokes `episode`'s key: anything its program left running can call no more.
+    pub fn dismiss(&self, episode: usize) {
+        self.shared.keys.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, e| *e != episode);
     }
 }
 
@@ -146,26 +180,31 @@ async fn answer(request: hyper::Request<Incoming>, shared: Arc<Shared>) -> Resul
 }
 
 async fn route(request: hyper::Request<Incoming>, shared: &Shared) -> Result<Reply, Refusal> {
-    let authorised = request
+    let key = request
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.strip_prefix("Bearer ") == Some(shared.key.as_str()));
-    if !authorised {
-        return Err(Refusal::new(401, "the API key is not this run's: use the OPENAI_API_KEY petting set"));
-    }
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let Some(episode) = key.and_then(|key| shared.episode_of(key)) else {
+        return Err(Refusal::new(
+            401,
+            "the API key is not one of a running episode: use the OPENAI_API_KEY petting set for this episode",
+        ));
+    };
     let path = request.uri().path().to_string();
-    let Some((episode, endpoint)) = episode_path(&path) else {
+    let Some((named, endpoint)) = episode_path(&path) else {
         return Err(Refusal::new(404, format!("no such path {path:?}: use the OPENAI_BASE_URL petting set")));
     };
+    if named.is_some_and(|named| named != episode) {
+        return Err(Refusal::new(
+            403,
+            format!("{path} names another episode than this key's: a key calls for its own episode only"),
+        ));
+    }
     match (request.method(), endpoint) {
         (&Method::GET, "/models") => Ok(json_reply(200, &models(&shared.roles))),
         (&Method::POST, "/chat/completions" | "/completions") => {
-            let body = Limited::new(request.into_body(), 256 << 20)
-                .collect()
-                .await
-                .map_err(|e| Refusal::new(400, format!("cannot read the request body: {e}")))?
-                .to_bytes();
+            let body = read_body(request.into_body(), shared.request_bytes).await?;
             let body: Value = serde_json::from_slice(&body)
                 .map_err(|e| Refusal::new(400, format!("the request body is not JSON: {e}")))?;
             let chat = endpoint == "/chat/completions";
@@ -190,11 +229,31 @@ async fn route(request: hyper::Request<Incoming>, shared: &Shared) -> Result<Rep
     }
 }
 
-/// `/e/<episode>/v1/<endpoint>` → (episode, `/<endpoint>`).
-fn episode_path(path: &str) -> Option<(usize, &str)> {
+/// `/v1/<endpoint>` → (None, `/<endpoint>`); `/e/<episode>/v1/<endpoint>`, the form
+/// earlier versions gave, → (Some(episode), `/<endpoint>`).
+fn episode_path(path: &str) -> Option<(Option<usize>, &str)> {
+    if let Some(endpoint) = path.strip_prefix("/v1") {
+        return Some((None, endpoint));
+    }
     let rest = path.strip_prefix("/e/")?;
     let (episode, rest) = rest.split_once('/')?;
-    Some((episode.parse().ok()?, rest.strip_prefix("v1")?))
+    Some((Some(episode.parse().ok()?), rest.strip_prefix("v1")?))
+}
+
+/// The body, refused past `limit` bytes before it is read whole: by the length it
+/// announces, or as it streams in.
+async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Refusal> {
+    use hyper::body::Body;
+    let too_large =
+        || Refusal::new(413, format!("the request body is over limits.request_bytes ({limit} bytes) of the run file"));
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(Refusal::new(400, format!("cannot read the request body: {e}"))),
+    }
 }
 
 fn models(roles: &[String]) -> Value {
@@ -368,9 +427,10 @@ mod tests {
 
     #[test]
     fn paths_name_their_episode() {
-        assert_eq!(episode_path("/e/17/v1/chat/completions"), Some((17, "/chat/completions")));
-        assert_eq!(episode_path("/e/3/v1/models"), Some((3, "/models")));
-        assert_eq!(episode_path("/v1/models"), None);
+        assert_eq!(episode_path("/v1/chat/completions"), Some((None, "/chat/completions")));
+        assert_eq!(episode_path("/e/17/v1/chat/completions"), Some((Some(17), "/chat/completions")));
+        assert_eq!(episode_path("/e/3/v1/models"), Some((Some(3), "/models")));
+        assert_eq!(episode_path("/models"), None);
         assert_eq!(episode_path("/e/x/v1/models"), None);
     }
 

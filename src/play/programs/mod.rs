@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  per episode (K per task, `env.concurrency` at once): the user's program, with
-//!      OPENAI_BASE_URL=http://127.0.0.1:<port>/e/<episode>/v1, OPENAI_API_KEY, PETTING_TASK
+//!      OPENAI_BASE_URL=http://127.0.0.1:<port>/v1, OPENAI_API_KEY (the episode's own key),
+//!      PETTING_TASK_FILE (and PETTING_TASK, the row itself, where it fits an environment variable)
 //!  endpoint.rs   its calls (model = a role) ──► Event::Call ──► the dispatcher (here)
 //!  dispatcher    renders each call with the role's policy (tokens.rs: a conversation that
 //!                goes on keeps the ids sampled before), waits until every running program
@@ -21,7 +22,7 @@ mod endpoint;
 mod tokens;
 
 use std::io::Read;
-use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
@@ -56,6 +57,7 @@ pub struct Programs {
     /// (task id, the task row as JSON), in batch order.
     pub tasks: Vec<(String, String)>,
     pub team: Vec<Agent>,
+    pub limits: crate::config::Limits,
 }
 
 /// What reaches the dispatcher.
@@ -121,6 +123,8 @@ pub struct Started<'a> {
     received: Receiver<Event>,
     episodes: Vec<Episode>,
     launched: usize,
+    /// Each task's row as a file, for PETTING_TASK_FILE; removed with the stage.
+    task_files: tempfile::TempDir,
 }
 
 impl Drop for Started<'_> {
@@ -147,11 +151,13 @@ pub fn start<'a>(programs: &'a Programs, setup: &Setup) -> Result<Started<'a>, E
         .collect();
     let (events, received) = channel();
     let roles: Vec<String> = programs.team.iter().map(|a| a.to_string()).collect();
-    let endpoint = Endpoint::start(roles, events.clone()).map_err(Error::Endpoint)?;
-    let mut started = Started { programs, endpoint, events, received, episodes, launched: 0 };
+    let endpoint = Endpoint::start(roles, events.clone(), programs.limits.request_bytes).map_err(Error::Endpoint)?;
+    let task_files = task_files(&programs.tasks).map_err(Error::Endpoint)?;
+    let mut started = Started { programs, endpoint, events, received, episodes, launched: 0, task_files };
     let first = (programs.config.concurrency as usize).min(started.episodes.len());
     for index in 0..first {
-        launch(programs, &started.endpoint, &started.events, &mut started.episodes[index], index);
+        let tasks = started.task_files.path();
+        launch(programs, &started.endpoint, &started.events, tasks, &mut started.episodes[index], index);
     }
     started.launched = first;
     Ok(started)
@@ -173,6 +179,7 @@ pub fn play(
         progress,
         endpoint: &started.endpoint,
         events: started.events.clone(),
+        task_files: started.task_files.path(),
         model: Duration::ZERO,
     };
     let result = dispatcher.run(&mut started.episodes, &started.received, started.launched);
@@ -189,6 +196,7 @@ struct Dispatcher<'a> {
     progress: &'a dyn Progress,
     endpoint: &'a Endpoint,
     events: Sender<Event>,
+    task_files: &'a Path,
     model: Duration,
 }
 
@@ -234,6 +242,7 @@ impl Dispatcher<'_> {
                     }
                     Event::Exited { episode, status, stdout, stderr } => {
                         tracing::debug!(episode, ?status, "exited");
+                        self.endpoint.dismiss(episode);
                         waiting.retain(|w| w.call.episode != episode);
                         self.exited(&mut episodes[episode], status, &stdout, &stderr);
                     }
@@ -253,7 +262,7 @@ impl Dispatcher<'_> {
 
     /// Starts episode `index`'s program; one that cannot start has failed.
     fn launch(&self, episodes: &mut [Episode], index: usize) {
-        if !launch(self.programs, self.endpoint, &self.events, &mut episodes[index], index) {
+        if !launch(self.programs, self.endpoint, &self.events, self.task_files, &mut episodes[index], index) {
             self.progress.advance(1, 0);
         }
     }
@@ -351,7 +360,7 @@ impl Dispatcher<'_> {
             _ if episode.failure.is_some() => return,
             Err(e) => format!("cannot wait for the program: {e}"),
             Ok(s) if !s.success() => format!("the program failed ({s}){stderr}"),
-            Ok(_) => match Verdict::parse(stdout, &self.programs.team) {
+            Ok(_) => match Verdict::parse(stdout, &self.programs.team, self.programs.limits.reward) {
                 Ok(verdict) => {
                     episode.verdict = Some(verdict);
                     return;
@@ -369,11 +378,13 @@ fn launch(
     programs: &Programs,
     endpoint: &Endpoint,
     events: &Sender<Event>,
+    task_files: &Path,
     episode: &mut Episode,
     index: usize,
 ) -> bool {
     let (task_id, row) = &programs.tasks[episode.task_index];
-    let url = endpoint.base_url(index);
+    let url = endpoint.base_url();
+    let key = endpoint.admit(index);
     let (program, args) = programs.config.program();
     let mut command = Command::new(&program);
     command
@@ -381,15 +392,20 @@ fn launch(
         .current_dir(programs.config.workdir())
         .env("OPENAI_BASE_URL", &url)
         .env("OPENAI_API_BASE", &url)
-        .env("OPENAI_API_KEY", &endpoint.key)
-        .env("PETTING_TASK", row)
+        .env("OPENAI_API_KEY", &key)
+        .env("PETTING_TASK_FILE", task_file(task_files, episode.task_index))
         .env("PETTING_TASK_ID", task_id)
         .env("PETTING_EPISODE", episode.episode_index.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so that a timeout kills whatever it started too.
-        .process_group(0);
+        .stderr(Stdio::piped());
+    // A timeout, the stage's end and petting's death kill whatever it started too.
+    crate::contain::contain(&mut command);
+    if row.len() <= TASK_IN_ENVIRONMENT {
+        command.env("PETTING_TASK", row);
+    } else {
+        command.env_remove("PETTING_TASK");
+    }
     match command.spawn() {
         Ok(child) => {
             episode.running = Some((child.id() as i32, Instant::now()));
@@ -397,10 +413,28 @@ fn launch(
             true
         }
         Err(e) => {
+            endpoint.dismiss(index);
             episode.failure = Some(format!("cannot start {}: {e}", program.display()));
             false
         }
     }
+}
+
+/// The longest task row also given in PETTING_TASK: Linux refuses to start a program
+/// with an environment string past 128 KiB; PETTING_TASK_FILE has every row.
+const TASK_IN_ENVIRONMENT: usize = 64 << 10;
+
+/// Writes each task's row as `task-<index>.json` of a new folder.
+fn task_files(tasks: &[(String, String)]) -> std::io::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new().prefix("petting-tasks-").tempdir()?;
+    for (index, (_, row)) in tasks.iter().enumerate() {
+        std::fs::write(task_file(dir.path(), index), row)?;
+    }
+    Ok(dir)
+}
+
+fn task_file(dir: &Path, task_index: usize) -> std::path::PathBuf {
+    dir.join(format!("task-{task_index}.json"))
 }
 
 /// Until when the first call of a running program that has not called yet is waited
@@ -435,15 +469,28 @@ fn render<'a>(
 /// Waits for a started program on threads of its own (its stdout and stderr are read
 /// as it writes them, so that it never blocks on a full pipe) and reports its end.
 fn watch(mut child: std::process::Child, episode: usize, events: Sender<Event>) {
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
+    let stdout = read_in_background(child.stdout.take());
+    let stderr = read_in_background(child.stderr.take());
     std::thread::spawn(move || {
-        let stderr = std::thread::spawn(move || stderr.map(|s| read_tail(s, KEPT_OUTPUT)).unwrap_or_default());
-        let stdout = stdout.map(|s| read_tail(s, KEPT_OUTPUT)).unwrap_or_default();
         let status = child.wait();
-        let stderr = stderr.join().unwrap_or_default();
+        // Containment ends whatever held the pipes with the program; where it could
+        // not, what is left is given up on after a moment rather than waited for.
+        let collect = |read: Receiver<String>| read.recv_timeout(PIPES_AFTER_EXIT).unwrap_or_default();
+        let (stdout, stderr) = (collect(stdout), collect(stderr));
         let _ = events.send(Event::Exited { episode, status, stdout, stderr });
     });
+}
+
+/// How long a program's pipes are read after it exited.
+const PIPES_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// The tail of a stream, read to its end on a thread of its own.
+fn read_in_background(stream: Option<impl Read + Send + 'static>) -> Receiver<String> {
+    let (send, receive) = channel();
+    std::thread::spawn(move || {
+        let _ = send.send(stream.map(|s| read_tail(s, KEPT_OUTPUT)).unwrap_or_default());
+    });
+    receive
 }
 
 /// Everything `reader` gives, keeping the last `keep` bytes.
