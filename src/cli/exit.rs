@@ -34,7 +34,9 @@ fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
     if let Some(e) = cause.downcast_ref::<pipeline::driver::Error>() {
         use pipeline::driver::Error as E;
         return match e {
-            E::ConfigChanged { .. } | E::ForkIntoItself { .. } | E::Inputs { .. } => true,
+            E::ConfigChanged { .. } | E::EnvironmentChanged { .. } | E::ForkIntoItself { .. } | E::Inputs { .. } => {
+                true
+            }
             E::Store(e) => store_refused(e),
             E::Stage(e) => stage_refused(e),
             E::StageFailed { source, .. } => stage_refused(source),

@@ -19,6 +19,7 @@ pub mod plan_path;
 pub mod sokoban;
 pub mod sudoku;
 pub mod tic_tac_toe;
+pub mod user_files;
 
 use serde::{Deserialize, Serialize};
 

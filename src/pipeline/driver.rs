@@ -11,6 +11,7 @@
 //! The driver never prints: what a person wants to hear about comes to the caller as
 //! [`Event`]s.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,16 @@ pub enum Error {
          resume with the new one by adding --allow-config-change"
     )]
     ConfigChanged { url: String, stored: String, given: String, file: String },
+
+    #[error(
+        "{url} was started with {file} of sha256 {stored}; it is now {given}: the environment the run trains on \
+         changed. Restore the file, or resume with the new one by adding --allow-config-change (the change is \
+         recorded under _config_history/)"
+    )]
+    EnvironmentChanged { url: String, file: String, stored: String, given: String },
+
+    #[error("cannot read a file of the environment: {reason}")]
+    EnvironmentFile { reason: String },
 
     #[error("--from names the run's own store {url}; a fork needs a new store")]
     ForkIntoItself { url: String },
@@ -144,6 +155,7 @@ pub async fn open(mut draft: config::Draft, options: &Options, events: &mut dyn 
         let path = store.record_config_change(&loaded.frozen_yaml(), &previous.sha256()).await?;
         events(Event::ConfigChanged { recorded_as: &path });
     }
+    freeze_environment(&store, &config, options.allow_config_change).await?;
     let pending = super::pending(&store, &config).await?;
     Ok(Opened { store, config, pending })
 }
@@ -204,6 +216,35 @@ pub async fn run(
     }
     events(Event::Finished { summary: &summary::run(store).await? });
     Ok(())
+}
+
+/// Freezes the digests of the environment's own files with the run (the first time),
+/// or checks them against the frozen ones: a changed file is refused unless
+/// `allow_change`, which records the change.
+async fn freeze_environment(store: &RunStore, config: &RunConfig, allow_change: bool) -> Result<(), Error> {
+    let digests = crate::envs::user_files::digests(&config.env)
+        .map_err(|source| Error::EnvironmentFile { reason: source.to_string() })?;
+    let stored = match store.environment_files().await? {
+        Some(text) => serde_json::from_str::<BTreeMap<String, String>>(&text).unwrap_or_default(),
+        None if digests.is_empty() => return Ok(()),
+        None => BTreeMap::new(),
+    };
+    if stored == digests {
+        return Ok(());
+    }
+    if !stored.is_empty() && !allow_change {
+        let changed = stored.keys().chain(digests.keys()).find(|f| stored.get(*f) != digests.get(*f));
+        let file = changed.cloned().unwrap_or_default();
+        let short = |d: Option<&String>| d.map_or_else(|| "none".to_string(), |d| d[..12].to_string());
+        return Err(Error::EnvironmentChanged {
+            url: store.url().to_string(),
+            file: file.clone(),
+            stored: short(stored.get(&file)),
+            given: short(digests.get(&file)),
+        });
+    }
+    let json = serde_json::to_string_pretty(&digests).expect("a map of strings serialises");
+    Ok(store.freeze_environment_files(&json).await?)
 }
 
 /// `rollout:3` for rollout of iteration 3, `update` for the run-level one.

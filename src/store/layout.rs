@@ -19,6 +19,9 @@ use crate::schema::Table;
 
 pub const RUN_CONFIG: &str = "run.yaml";
 pub const COMMITS_DIR: &str = "_commits";
+/// The digest of every file of a user's own the run's environment is made of, frozen
+/// with its config (`envs::user_files`).
+pub const ENVIRONMENT_FILES: &str = "environment.json";
 /// Earlier run.yaml versions, kept when a run resumes with a changed config.
 pub const CONFIG_HISTORY_DIR: &str = "_config_history";
 /// Records of checkpoint files deleted by a retention (store/prune.rs); never collected by gc.

@@ -225,6 +225,29 @@ impl RunStore {
         Ok(kept)
     }
 
+    /// The frozen digests of the environment's files (`environment.json`), if any.
+    pub async fn environment_files(&self) -> Result<Option<String>> {
+        Ok(self.get(layout::ENVIRONMENT_FILES).await?.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// Freezes `json` as the environment's files; the ones it replaces, if any, are kept
+    /// under `_config_history/` as a changed run.yaml is.
+    pub async fn freeze_environment_files(&self, json: &str) -> Result<()> {
+        if let Some(previous) = self.environment_files().await? {
+            let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ");
+            let kept = format!("{}/{stamp}-{}", layout::CONFIG_HISTORY_DIR, layout::ENVIRONMENT_FILES);
+            self.store
+                .put_opts(&self.path(&kept), Bytes::from(previous).into(), object_store::PutMode::Create.into())
+                .await
+                .map_err(|e| self.object_error("create", &kept, e))?;
+        }
+        self.store
+            .put(&self.path(layout::ENVIRONMENT_FILES), Bytes::from(json.to_string()).into())
+            .await
+            .map_err(|e| self.object_error("write", layout::ENVIRONMENT_FILES, e))?;
+        Ok(())
+    }
+
     /// The run's frozen `run.yaml`, if it has one.
     pub async fn run_config(&self) -> Result<Option<String>> {
         match self.get(layout::RUN_CONFIG).await? {

@@ -95,6 +95,33 @@ fn a_script_that_serves_its_environment_is_the_host() {
 }
 
 #[test]
+fn an_environment_file_edited_between_iterations_is_refused_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let class = |reward: &str| {
+        format!(
+            "from petting_env.examples.guess_number import GuessNumber\n\
+             class Game(GuessNumber):\n\
+             \x20   reward = {reward}\n"
+        )
+    };
+    std::fs::write(dir.path().join("game.py"), class("1.0")).unwrap();
+    let file = hosted_run(dir.path(), "{name: external, module: 'game.py:Game', config: {high: 8}}", &["alice", "bob"]);
+    let path = file.write(&dir.path().join("run.yaml"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &path, "--until", "rollout:0"]);
+    assert!(ok, "{stderr}");
+    // Its rewards changed: the run would go on training on another environment.
+    std::fs::write(dir.path().join("game.py"), class("10.0")).unwrap();
+    let output = crate::support::petting().args(["pipeline", "run", &path, "--until", "group:0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("game.py of sha256") && stderr.contains("--allow-config-change"), "{stderr}");
+    let (ok, _, stderr) = run(&["pipeline", "run", &path, "--until", "group:0", "--allow-config-change"]);
+    assert!(ok, "the change, once allowed, is recorded and the run goes on: {stderr}");
+    let history = std::fs::read_dir(dir.path().join("run/_config_history")).unwrap().count();
+    assert_eq!(history, 1, "the digests replaced are kept");
+}
+
+#[test]
 fn an_error_inside_the_users_environment_names_the_episode_and_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let broken = "from petting_env import Env\n\
