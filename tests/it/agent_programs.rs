@@ -243,6 +243,52 @@ fn an_episode_key_calls_for_its_own_episode_only() {
     }
 }
 
+/// A program given a 200 KB task that sends a body past `limits.request_bytes`, then a
+/// plain call; its verdict says whether each went as it should.
+const OVERSIZED: &str = r#"
+import json, os, time, urllib.request, urllib.error
+task = json.load(open(os.environ["PETTING_TASK_FILE"]))
+def post(text):
+    body = json.dumps({"model": "solver", "messages": [{"role": "user", "content": text}]}).encode()
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (ConnectionError, urllib.error.URLError):
+        # The 413 came while the body was still being sent, and the connection closed.
+        return 413, "limits.request_bytes"
+started = time.monotonic()
+status, message = post("x" * (20 << 20))
+refused = status == 413 and "limits.request_bytes" in message and time.monotonic() - started < 30
+whole = len(task["text"]) == 200_000 and "PETTING_TASK" not in os.environ
+ok, _ = post("2 + 2?")
+print(json.dumps({"reward": float(refused and whole and ok == 200)}))
+"#;
+
+#[test]
+fn a_large_task_reaches_the_program_and_a_body_past_the_limit_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oversized.py"), OVERSIZED).unwrap();
+    let row = format!("{{\"id\": \"big\", \"text\": \"{}\"}}\n", "y".repeat(200_000));
+    std::fs::write(dir.path().join("train.jsonl"), row).unwrap();
+    std::fs::write(dir.path().join("test.jsonl"), "{\"id\": \"t\", \"text\": \"\"}\n").unwrap();
+    let file = team_run(dir.path(), "oversized.py", &fixture("hf-tiny-qwen3"))
+        .set(
+            "env",
+            &format!("{{name: agent_program, command: [python, oversized.py], workdir: {}}}", dir.path().display()),
+        )
+        .set("data", "{train_tasks: 1, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
+        .set("rollout.tasks_per_iteration", "1")
+        .set("rollout.episodes_per_task", "1")
+        .set("evaluation.tasks", "1");
+    run_ok(&file, dir.path(), Some("group:0"));
+    let rows = sql_rows(&dir.path().join("run"), "SELECT count(*), min(team_reward), max(failure) FROM turns");
+    assert_eq!(rows, ["1,1.0,"], "one call answered, the oversized one refused, the task whole");
+}
+
 /// A program that leaves processes behind: one in a session of its own that holds its
 /// stdout, one in its group; then it works past its episode's deadline.
 const LINGERING: &str = r#"
