@@ -89,13 +89,13 @@ pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Games, Error> {
         }));
     }
     if let Some(scorer) = config.env.scorer() {
-        let session = Session::start(scorer, &config.team(), &config.limits)?;
+        let session = Session::start(scorer, &config.team(), config.limits.host_message_bytes)?;
         let games = tasks.iter().map(|t| Ok(game(t, judged(&config.env, &session, &t.instance)?)));
         return games.collect::<Result<_, Error>>().map(Games::Envs);
     }
     let games: Result<Vec<Game>, Error> = match config.env.hosted() {
         Some(hosted) => {
-            let session = Session::start(hosted, &config.team(), &config.limits)?;
+            let session = Session::start(hosted, &config.team(), config.limits.host_message_bytes)?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
         None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),

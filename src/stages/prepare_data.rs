@@ -230,7 +230,7 @@ fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
 /// run seed (its `tasks` request).
 fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let hosted = config.env.hosted().expect("a hosted environment");
-    let session = Session::start(hosted, &config.team(), &config.limits)?;
+    let session = Session::start(hosted, &config.team(), config.limits.host_message_bytes)?;
     let env = config.env.name();
     let split = |name: &'static str, key: u64, n: usize| -> Result<Vec<TaskRow>, Error> {
         let rows = session.host.tasks(name, n, stream(&[config.seed, key]))?;

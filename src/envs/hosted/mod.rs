@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::agent::Agent;
-use crate::config::Limits;
 use crate::validate::{Invalid, check};
 
 pub use host::{Host, Stepped, Turn};
@@ -364,10 +363,11 @@ pub struct Session {
 
 impl Session {
     /// Starts the host of `config` and checks that the agents of an environment it
-    /// holds the episodes of are `agents`; its messages are bounded by `limits`.
-    pub fn start(config: HostedConfig, agents: &[Agent], limits: &Limits) -> Result<Arc<Session>, host::Error> {
+    /// holds the episodes of are `agents`; its messages are bounded by `message_bytes`
+    /// (`limits.host_message_bytes`).
+    pub fn start(config: HostedConfig, agents: &[Agent], message_bytes: u64) -> Result<Arc<Session>, host::Error> {
         let launch = config
-            .launch(limits.host_message_bytes)
+            .launch(message_bytes)
             .map_err(|source| host::Error::Start { command: "petting_env".into(), source })?;
         let host = Host::start(&launch, config.hello_env(), config.reward())?;
         let mut expected = agents.to_vec();
