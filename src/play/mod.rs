@@ -211,6 +211,8 @@ pub enum Error {
     Hosted { episode: String, reason: String },
     #[error("cannot start the endpoint agent programs call: {0}")]
     Endpoint(std::io::Error),
+    #[error("cannot write the task files agent programs read (PETTING_TASK_FILE): {0}")]
+    TaskFiles(std::io::Error),
     #[error("every one of the {episodes} episodes of the agent program failed; the first, of task {task_id}: {reason}")]
     ProgramsFailed { episodes: usize, task_id: String, reason: String },
 }

@@ -152,7 +152,7 @@ pub fn start<'a>(programs: &'a Programs, setup: &Setup) -> Result<Started<'a>, E
     let (events, received) = channel();
     let roles: Vec<String> = programs.team.iter().map(|a| a.to_string()).collect();
     let endpoint = Endpoint::start(roles, events.clone(), programs.limits.request_bytes).map_err(Error::Endpoint)?;
-    let task_files = task_files(&programs.tasks).map_err(Error::Endpoint)?;
+    let task_files = task_files(&programs.tasks).map_err(Error::TaskFiles)?;
     let mut started = Started { programs, endpoint, events, received, episodes, launched: 0, task_files };
     let first = (programs.config.concurrency as usize).min(started.episodes.len());
     for index in 0..first {
