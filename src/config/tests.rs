@@ -289,3 +289,20 @@ fn evaluation_and_the_warm_start_have_prompt_limits_of_their_own() {
     let message = overridden(&["evaluation.max_prompt_tokens=0"]).unwrap_err().to_string();
     assert!(message.starts_with("it.yaml: evaluation.max_prompt_tokens: must be at least 1"), "{message}");
 }
+
+#[test]
+fn the_math_tool_timeout_must_be_a_positive_number_of_seconds() {
+    let math = |timeout: &str| {
+        format!(
+            "store: runs/x\niterations: 2\nenv: {{name: math, tool_timeout_seconds: {timeout}}}\n\
+             data: {{train_file: {{path: a.jsonl}}, test_file: {{path: b.jsonl}}}}\n\
+             workflow: {{kind: tool_reasoner}}\nagents:\n  tool: {{policy: shared}}\n  reasoner: {{policy: shared}}\n\
+             policies:\n  shared: {{model: ../models/tiny}}\n"
+        )
+    };
+    assert!(parse_str(&math("2.5")).is_ok(), "{}", error_of(&math("2.5")));
+    for bad in ["0", "-1"] {
+        let message = error_of(&math(bad));
+        assert!(message.starts_with("it.yaml: env.tool_timeout_seconds: must be a positive"), "{bad}: {message}");
+    }
+}

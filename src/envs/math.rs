@@ -20,6 +20,7 @@
 //! text) matches only if the normalised strings are equal, case-insensitively.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -44,9 +45,18 @@ pub struct MathConfig {
 
 impl Default for MathConfig {
     fn default() -> Self {
-        MathConfig { tolerance: 1e-6, tool_timeout_seconds: 20.0, reward: None, host: HostSettings::default() }
+        MathConfig {
+            tolerance: 1e-6,
+            tool_timeout_seconds: DEFAULT_TOOL_TIMEOUT_SECONDS,
+            reward: None,
+            host: HostSettings::default(),
+        }
     }
 }
+
+/// The tool program's limit where the run file sets none (`env.tool_timeout_seconds`;
+/// reasoning-gym tasks have no such key and always get it).
+pub const DEFAULT_TOOL_TIMEOUT_SECONDS: f64 = 20.0;
 
 /// A math task as stored in the `tasks` table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -64,6 +74,8 @@ pub struct Instance {
 pub struct Math {
     instance: Arc<Instance>,
     tolerance: f64,
+    /// Wall-clock limit of a tool agent's program on this task.
+    tool_timeout: Duration,
     correct: bool,
     /// Scores the answers instead of [`answers_match`] against the reference.
     judge: Option<Arc<Judge>>,
@@ -358,12 +370,18 @@ pub fn answers_match(given: &str, reference: &str, tolerance: f64) -> bool {
 
 impl Math {
     pub fn new(config: &MathConfig, instance: Instance) -> Math {
-        Math { instance: Arc::new(instance), tolerance: config.tolerance, correct: false, judge: None }
+        Math {
+            instance: Arc::new(instance),
+            tolerance: config.tolerance,
+            tool_timeout: Duration::from_secs_f64(config.tool_timeout_seconds),
+            correct: false,
+            judge: None,
+        }
     }
 
     /// A task whose answers `judge` scores.
-    pub fn judged(tolerance: f64, instance: Instance, judge: Judge) -> Math {
-        Math { instance: Arc::new(instance), tolerance, correct: false, judge: Some(Arc::new(judge)) }
+    pub fn judged(tolerance: f64, tool_timeout: Duration, instance: Instance, judge: Judge) -> Math {
+        Math { instance: Arc::new(instance), tolerance, tool_timeout, correct: false, judge: Some(Arc::new(judge)) }
     }
 
     pub fn judge(&self) -> Option<&Arc<Judge>> {
@@ -378,6 +396,11 @@ impl Math {
 
     pub fn instance(&self) -> &Instance {
         &self.instance
+    }
+
+    /// Wall-clock limit of a tool agent's program on this task.
+    pub fn tool_timeout(&self) -> Duration {
+        self.tool_timeout
     }
 
     /// Whether an answer is right.

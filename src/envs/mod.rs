@@ -131,6 +131,11 @@ impl EnvConfig {
             }
             EnvConfig::Math(m) => {
                 check(m.tolerance >= 0.0, "env.tolerance", "must not be negative")?;
+                check(
+                    m.tool_timeout_seconds > 0.0 && m.tool_timeout_seconds.is_finite(),
+                    "env.tool_timeout_seconds",
+                    "must be a positive number of seconds",
+                )?;
                 if let Some(reward) = &m.reward {
                     reward.validate()?;
                 }

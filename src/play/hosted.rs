@@ -3,6 +3,7 @@
 //! by the host (a reasoning-gym dataset's scorer, a Python reward function).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::envs::code::{self, Code};
 use crate::envs::hosted;
@@ -24,11 +25,13 @@ pub(super) fn judged(env: &EnvConfig, session: &Arc<hosted::Session>, instance: 
         EnvConfig::ReasoningGym(gym) => {
             let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
             let entry = parsed.entry.clone().ok_or_else(|| bad("the task has no entry to score against".into()))?;
-            AnyEnv::Math(Math::judged(gym.tolerance, parsed, judge(&entry)?))
+            let tool_timeout = Duration::from_secs_f64(math::DEFAULT_TOOL_TIMEOUT_SECONDS);
+            AnyEnv::Math(Math::judged(gym.tolerance, tool_timeout, parsed, judge(&entry)?))
         }
         EnvConfig::Math(config) => {
             let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-            AnyEnv::Math(Math::judged(config.tolerance, parsed, judge(instance)?))
+            let tool_timeout = Duration::from_secs_f64(config.tool_timeout_seconds);
+            AnyEnv::Math(Math::judged(config.tolerance, tool_timeout, parsed, judge(instance)?))
         }
         EnvConfig::Code(config) => {
             let parsed: code::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;

@@ -181,6 +181,22 @@ fn math() -> AnyEnv {
     AnyEnv::Math(Math::new(&MathConfig::default(), instance))
 }
 
+/// `env.tool_timeout_seconds` is the tool program's limit: a program that would finish
+/// in 3 s under the sandbox's 20 s default is stopped at 1 s.
+#[test]
+fn a_math_tool_program_stops_at_the_envs_tool_timeout() {
+    let sb = sandbox();
+    let instance = crate::envs::math::Instance { problem: "1 + 1?".into(), answer: "2".into(), entry: None };
+    let config = MathConfig { tool_timeout_seconds: 1.0, ..MathConfig::default() };
+    let mut episode = Episode::new(W::ToolReasoner, AnyEnv::Math(Math::new(&config, instance)), 4).unwrap();
+    let reply = python("import time\ntime.sleep(3)\nprint(2)");
+    let program = episode.tool_program(&reply).unwrap();
+    assert_eq!(program.timeout, Some(std::time::Duration::from_secs(1)));
+    let tool = episode.step(&reply, &sb);
+    assert_eq!(tool.feedback.as_deref(), Some("The program failed: timeout"));
+    assert_eq!(tool.action, None, "a program stopped before printing gives no answer");
+}
+
 #[test]
 fn tool_and_reasoner_stop_when_they_agree() {
     let sb = sandbox();

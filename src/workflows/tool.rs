@@ -32,10 +32,16 @@ pub fn tool_preamble(env: &AnyEnv) -> String {
     }
 }
 
-/// The program a tool agent's reply asks the sandbox to run, if it holds one.
+/// The program a tool agent's reply asks the sandbox to run, if it holds one. Math
+/// programs get the env's `tool_timeout_seconds`; the others the sandbox's limit (their
+/// envs have no such key).
 pub(super) fn program(env: &AnyEnv, reply: &str) -> Option<Program> {
     let code = extract_program(reply)?;
-    Some(Program::new(format!("{}\n{}\n", tool_preamble(env), code)))
+    let program = Program::new(format!("{}\n{}\n", tool_preamble(env), code));
+    Some(match env {
+        AnyEnv::Math(math) => program.with_timeout(math.tool_timeout()),
+        _ => program,
+    })
 }
 
 /// Runs a program; a sandbox that cannot run it is reported as the program's failure,
