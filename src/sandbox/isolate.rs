@@ -7,6 +7,7 @@
 //! Full isolation, as root:
 //! ```text
 //!  petting ──fork──► intermediate (root)                    ──waits, exits with the same status
+//!                     parent-death signal = SIGKILL
 //!                     unshare(PID, mount, net, IPC, UTS)
 //!                     / private; tmpfs on /tmp, /var/tmp, /dev/shm
 //!                     ──fork──► PID 1 of the new namespace
@@ -14,8 +15,9 @@
 //!                                rlimits, groups = [], gid = uid = throw-away, no_new_privs
 //!                                exec python3
 //! ```
-//! Killing the intermediate kills PID 1 (parent-death signal), and the kernel then kills
-//! every process left in the namespace, so nothing a program starts outlives its run.
+//! Killing petting kills the intermediate (parent-death signal), killing the intermediate
+//! kills PID 1 (likewise), and the kernel then kills every process left in the
+//! namespace, so nothing a program starts outlives its run or petting.
 
 use std::ffi::CString;
 use std::io;
@@ -83,10 +85,15 @@ pub fn configure(command: &mut Command, isolation: Isolation, limits: Limits, wo
                 work: c_path(work),
                 work_parents: work_parents.into_iter().rev().collect(),
             };
+            // The intermediate's parent-death signal fires when the *thread* that forked
+            // it ends, not the process: `Sandbox::run` blocks its calling thread until
+            // the child has been waited for, so that thread outlives the child unless
+            // petting dies.
+            let parent = std::process::id() as libc::pid_t;
             // SAFETY: the closure only makes async-signal-safe system calls on data
             // allocated before the fork.
             unsafe {
-                command.pre_exec(move || enter_full(&mounts, limits));
+                command.pre_exec(move || enter_full(&mounts, limits, parent));
             }
         }
         Isolation::Basic => {
@@ -117,9 +124,20 @@ fn set_common_limits(limits: Limits) -> io::Result<()> {
     set_limit(libc::RLIMIT_CORE, 0)
 }
 
-fn enter_full(mounts: &Mounts, limits: Limits) -> io::Result<()> {
-    // SAFETY (whole function): raw system calls with valid, NUL-terminated arguments.
+fn set_parent_death_signal() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) })
+}
+
+fn enter_full(mounts: &Mounts, limits: Limits, parent: libc::pid_t) -> io::Result<()> {
+    // Should petting die, the intermediate dies with it, and PID 1 after it. Should
+    // petting have died before the prctl, the parent is no longer petting: give up.
+    set_parent_death_signal()?;
+    // SAFETY (whole block): raw system calls with valid, NUL-terminated arguments.
     unsafe {
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         check(libc::unshare(flags))?;
@@ -161,24 +179,34 @@ fn enter_full(mounts: &Mounts, limits: Limits) -> io::Result<()> {
         ))?;
         libc::close(work_fd);
         check(libc::chdir(mounts.work.as_ptr()))?;
+        // Closes the window in which PID 1 has no parent-death signal (setuid clears
+        // it): the intermediate holds the write end until it dies, so PID 1 sees the
+        // read end hang up if the intermediate died before PID 1's final prctl.
+        let mut alive = [0; 2];
+        check(libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC))?;
         let pid = libc::fork();
         if pid == -1 {
             return Err(io::Error::last_os_error());
         }
         if pid > 0 {
-            intermediate(pid);
+            libc::close(alive[0]);
+            intermediate(pid, alive[1]);
         }
         // PID 1 of the new namespace.
+        libc::close(alive[1]);
+        set_parent_death_signal()?;
         set_common_limits(limits)?;
         set_limit(libc::RLIMIT_NPROC, limits.max_processes)?;
         check(libc::setgroups(0, std::ptr::null()))?;
         check(libc::setgid(limits.uid))?;
         check(libc::setuid(limits.uid))?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-        // After setuid, which clears the parent-death signal. (Should the intermediate
-        // die before this line, which only a kill in these microseconds could cause, the
-        // program still meets RLIMIT_CPU.)
-        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+        // Again after setuid, which clears the parent-death signal.
+        set_parent_death_signal()?;
+        let mut poll = libc::pollfd { fd: alive[0], events: libc::POLLIN, revents: 0 };
+        if libc::poll(&mut poll, 1, 0) == -1 || poll.revents & libc::POLLHUP != 0 {
+            libc::_exit(1);
+        }
     }
     Ok(())
 }
@@ -220,15 +248,20 @@ extern "C" fn kill_namespace(_: libc::c_int) {
     }
 }
 
-/// The intermediate process: closes everything (so the parent sees EOF and `exec`
-/// success as soon as the program has them), waits for the program and exits the same way.
-fn intermediate(pid: libc::pid_t) -> ! {
+/// The intermediate process: closes everything but `alive` (so the parent sees EOF and
+/// `exec` success as soon as the program has them), waits for the program and exits
+/// the same way. `alive` stays open until it exits (see `enter_full`).
+fn intermediate(pid: libc::pid_t, alive: libc::c_int) -> ! {
     NAMESPACE_INIT.store(pid, Ordering::Relaxed);
     // SAFETY: raw system calls; this process never returns to Rust code after the fork.
     unsafe {
         let handler: extern "C" fn(libc::c_int) = kill_namespace;
         libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
-        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        let alive = alive as u32;
+        if alive > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, alive - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, alive + 1, u32::MAX, 0u32);
         let mut status = 0;
         while libc::waitpid(pid, &mut status, 0) == -1 {
             if *libc::__errno_location() != libc::EINTR {

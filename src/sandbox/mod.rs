@@ -20,6 +20,8 @@
 //! * **Fork bomb**: RLIMIT_NPROC counts the processes of the run's uid, which no other
 //!   run shares, so forks fail past `max_processes`. The program is PID 1 of its own PID
 //!   namespace; when it exits or is killed the kernel kills everything left inside.
+//! * **Outliving petting**: each process between petting and the program has a
+//!   parent-death signal, so a kill -9 of petting ends the run's whole namespace too.
 //! * **Writes outside the temp dir**: the uid owns nothing but the temp dir, so the
 //!   host's files refuse it; the world-writable scratch dirs are private tmpfs mounts
 //!   that vanish with the run. RLIMIT_FSIZE caps each file it writes.
@@ -205,9 +207,8 @@ impl Sandbox {
         let slots = config.max_parallel.clamp(1, MAX_SLOTS as usize);
         // Distinct processes and sandboxes get distinct uid ranges, so no two runs at
         // once share a uid (and with it an RLIMIT_NPROC count).
-        let instance = SANDBOXES_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SANDBOXES_PER_PROCESS;
-        let process = std::process::id() % 4096;
-        let uid_base = UID_RANGE_START + (process * SANDBOXES_PER_PROCESS + instance) * MAX_SLOTS;
+        let instance = SANDBOXES_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let uid_base = uid_base(std::process::id(), instance);
         let isolation = if isolate::is_root() { Isolation::Full } else { Isolation::Basic };
         let sandbox = Sandbox {
             config,
@@ -334,6 +335,12 @@ impl Sandbox {
         let (stderr, stderr_truncated) = collect(stderr);
         Ok(RunOutput { status, stdout, stderr, stdout_truncated, stderr_truncated, elapsed })
     }
+}
+
+/// The first uid of the `instance`-th sandbox of process `pid`; its slots use the
+/// `MAX_SLOTS` uids from there.
+fn uid_base(pid: u32, instance: u32) -> u32 {
+    UID_RANGE_START + ((pid % 4096) * SANDBOXES_PER_PROCESS + instance % SANDBOXES_PER_PROCESS) * MAX_SLOTS
 }
 
 fn find_python(configured: Option<&Path>) -> Result<PathBuf, Error> {

@@ -20,18 +20,30 @@ fn full(sandbox: &Sandbox, test: &str) -> bool {
     full
 }
 
-/// Processes whose real uid is `uid`, from /proc.
-fn processes_of(uid: u32) -> Vec<u32> {
+/// Live processes (zombies run nothing and are left out) whose real uid is in `uids`,
+/// from the host's /proc.
+fn processes_in(uids: std::ops::Range<u32>) -> Vec<u32> {
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
-        let real = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().next());
-        if real == Some(uid.to_string().as_str()) {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|l| l.split_whitespace().next())
+                .map(String::from)
+        };
+        let real = field("Uid:").and_then(|u| u.parse::<u32>().ok());
+        if field("State:").as_deref() != Some("Z") && real.is_some_and(|u| uids.contains(&u)) {
             pids.push(pid);
         }
     }
     pids
+}
+
+fn processes_of(uid: u32) -> Vec<u32> {
+    processes_in(uid..uid + 1)
 }
 
 /// The host still runs programs normally.
@@ -228,4 +240,80 @@ fn odd_file_names_are_refused() {
     let mut program = Program::new("print(1)");
     program.files.push(("../evil.py".into(), String::new()));
     assert!(matches!(sandbox.run(&program), Err(Error::WorkDir { .. })));
+}
+
+/// Set for the helper process of `nothing_of_a_run_outlives_its_killed_caller`.
+const HELPER_ENV: &str = "PETTING_SANDBOX_TEST_HELPER";
+
+/// Runs only as the helper process of `nothing_of_a_run_outlives_its_killed_caller`,
+/// which kills it while this program and its three children sleep.
+#[test]
+#[ignore = "a helper process of nothing_of_a_run_outlives_its_killed_caller"]
+fn helper_running_a_program_until_killed() {
+    if std::env::var_os(HELPER_ENV).is_none() {
+        return;
+    }
+    let sandbox = sandbox(120);
+    let code = "import os, time\n\
+                for _ in range(3):\n\
+                \x20   if os.fork() == 0:\n\
+                \x20       time.sleep(60)\n\
+                \x20       os._exit(0)\n\
+                time.sleep(60)";
+    let _ = sandbox.run(&Program::new(code));
+}
+
+#[test]
+fn nothing_of_a_run_outlives_its_killed_caller() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "killed caller") {
+        return;
+    }
+    let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "sandbox::tests::helper_running_a_program_until_killed"])
+        .env(HELPER_ENV, "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The helper's only sandbox is its process's first, so its runs have these uids.
+    let first = uid_base(helper.id(), 0);
+    let uids = first..first + MAX_SLOTS;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while processes_in(uids.clone()).len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let running = processes_in(uids.clone()).len();
+    // The intermediate, which runs as root: the helper's only child process.
+    let children: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after_name.split_whitespace().nth(1) == Some(helper.id().to_string().as_str())
+        })
+        .collect();
+    helper.kill().unwrap();
+    helper.wait().unwrap();
+    assert_eq!(running, 4, "the program and its three children were running");
+    assert_eq!(children.len(), 1, "one intermediate: {children:?}");
+
+    let alive = |pid: &u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().any(|l| l.starts_with("State:") && !l.contains("Z"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (!processes_in(uids.clone()).is_empty() || children.iter().any(alive)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = processes_in(uids.clone());
+    // Leave no sleepers behind should the assertion fail.
+    for pid in left.iter().chain(children.iter().filter(|p| alive(p))) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+    }
+    assert_eq!(left, Vec::<u32>::new(), "processes of the run outlived its killed caller");
+    assert!(!children.iter().any(alive), "the intermediate outlived its killed caller");
 }
