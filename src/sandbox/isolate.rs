@@ -2,16 +2,23 @@
 //!
 //! Everything in the `pre_exec` closures runs in the child of a multi-threaded parent,
 //! so it only makes raw system calls on data prepared before the fork (no allocation,
-//! no locks).
+//! no locks): every path is a `CString` of a [`Step`] listed beforehand.
 //!
 //! Full isolation, as root:
 //! ```text
 //!  petting ──fork──► intermediate (root)                    ──waits, exits with the same status
 //!                     parent-death signal = SIGKILL
 //!                     unshare(PID, mount, net, IPC, UTS)
-//!                     / private; tmpfs on /tmp, /var/tmp, /dev/shm
+//!                     / private; tmpfs on the staging folder, and in it the new root:
+//!                       /usr /bin /lib … (read-only binds, or the symlinks they are)
+//!                       the interpreter's own folders (read-only binds)
+//!                       /etc: ld.so.cache, localtime, alternatives only
+//!                       /dev: null zero random urandom, fd/std* links, tmpfs on /dev/shm
+//!                       tmpfs on /tmp, an empty /proc, the run's folder (read-write)
+//!                     new root read-only; pivot_root into it; old root detached
 //!                     ──fork──► PID 1 of the new namespace
 //!                                parent-death signal = SIGKILL
+//!                                fresh procfs on /proc (this namespace's processes only)
 //!                                rlimits, groups = [], gid = uid = throw-away, no_new_privs
 //!                                exec python3
 //! ```
@@ -19,11 +26,12 @@
 //! kills PID 1 (likewise), and the kernel then kills every process left in the
 //! namespace, so nothing a program starts outlives its run or petting.
 
-use std::ffi::CString;
+use std::collections::HashSet;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
@@ -55,54 +63,247 @@ pub fn hand_over(dir: &Path, uid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Scratch dirs every user may write to; each gets a private tmpfs in the run's mount
-/// namespace, so what a program writes there vanishes with it.
-const SCRATCH_DIRS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+/// The host's top-level system folders, bound read-only (or recreated as the symlinks
+/// they are on merged-/usr systems, e.g. /bin -> usr/bin): the interpreter, its
+/// libraries and the commands a program may run (`sleep`, `python3 -c`).
+const SYSTEM_DIRS: [&str; 7] = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/// The only entries of the host's /etc in the new root, all free of host secrets:
+/// ld.so.cache (how the dynamic linker finds libraries), localtime (`time.localtime`)
+/// and alternatives (Debian's symlinks behind commands such as `awk`). Left out on
+/// purpose: passwd, group and shadow (the host's accounts; the throw-away uid has
+/// none, and Python needs none to start), hostname, hosts and resolv.conf (the host's
+/// name and network, of which a run has none).
+const ETC_ENTRIES: [&str; 3] = ["/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives"];
+
+/// Device nodes a program may use, each bound onto an empty file.
+const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"];
+
+/// The usual /dev symlinks into the run's own procfs (`open('/dev/stdout', 'w')`).
+const DEV_LINKS: [(&str, &str); 4] = [
+    ("/dev/fd", "/proc/self/fd"),
+    ("/dev/stdin", "/proc/self/fd/0"),
+    ("/dev/stdout", "/proc/self/fd/1"),
+    ("/dev/stderr", "/proc/self/fd/2"),
+];
+
+/// Scratch folders: a private tmpfs each, so what a program writes there vanishes
+/// with the run.
+const SCRATCH_DIRS: [&str; 2] = ["/tmp", "/dev/shm"];
+const SCRATCH_OPTIONS: &CStr = c"size=64m,mode=1777";
+/// The new root itself holds only mount points and empty files.
+const ROOT_OPTIONS: &CStr = c"size=1m,mode=0755";
+
+/// One step of building the new root, run in order in the child. Paths are inside the
+/// staging folder (the new root before pivot_root); sources are host paths.
+#[derive(Debug, Clone)]
+enum Step {
+    /// A folder (already existing is fine: a mount point made by an earlier step).
+    Dir(CString),
+    /// An empty file, for a file or device to be bound onto.
+    File(CString),
+    Symlink {
+        target: CString,
+        link: CString,
+    },
+    /// A bind mount, not recursive (mounts below the source stay hidden). `remount` is
+    /// the flags of the read-only remount that follows, None for a writable bind.
+    Bind {
+        source: CString,
+        target: CString,
+        remount: Option<libc::c_ulong>,
+    },
+    Tmpfs(CString),
+}
+
+fn c_path(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in a path")
+}
+
+/// The steps of a new root being planned (before any fork).
+#[derive(Debug, Clone)]
+struct Plan {
+    staging: PathBuf,
+    steps: Vec<Step>,
+    /// Paths of the new root that exist once the steps so far have run.
+    created: HashSet<PathBuf>,
+}
+
+impl Plan {
+    /// `path` (absolute, as the program sees it) inside the staging folder.
+    fn inside(&self, path: &Path) -> CString {
+        c_path(&self.staging.join(path.strip_prefix("/").unwrap_or(path)))
+    }
+
+    /// Creates `path` and its missing ancestors, like `mkdir -p`.
+    fn dir_all(&mut self, path: &Path) {
+        let missing: Vec<&Path> = path.ancestors().take_while(|a| !self.created.contains(*a)).collect();
+        for dir in missing.into_iter().rev() {
+            self.steps.push(Step::Dir(self.inside(dir)));
+            self.created.insert(dir.to_path_buf());
+        }
+    }
+
+    /// Binds the host's `path` at the same path, read-only unless `writable`.
+    fn bind(&mut self, path: &Path, writable: bool) {
+        if path.is_dir() {
+            self.dir_all(path);
+        } else {
+            self.dir_all(path.parent().unwrap_or(Path::new("/")));
+            self.steps.push(Step::File(self.inside(path)));
+            self.created.insert(path.to_path_buf());
+        }
+        let source = c_path(path);
+        let remount = (!writable).then(|| read_only_remount_flags(&source));
+        self.steps.push(Step::Bind { source, target: self.inside(path), remount });
+    }
+
+    /// Recreates the host's entry at `path` as it is: a symlink as the same symlink,
+    /// anything else bound read-only. Absent entries are skipped.
+    fn copy_or_bind(&mut self, path: &Path) {
+        let Ok(meta) = path.symlink_metadata() else { return };
+        if meta.file_type().is_symlink() {
+            let Ok(target) = std::fs::read_link(path) else { return };
+            self.symlink(path, &target);
+        } else {
+            self.bind(path, false);
+        }
+    }
+
+    fn symlink(&mut self, link: &Path, target: &Path) {
+        self.dir_all(link.parent().unwrap_or(Path::new("/")));
+        self.steps.push(Step::Symlink { target: c_path(target), link: self.inside(link) });
+        self.created.insert(link.to_path_buf());
+    }
+
+    fn tmpfs(&mut self, path: &Path) {
+        self.dir_all(path);
+        self.steps.push(Step::Tmpfs(self.inside(path)));
+    }
+}
+
+/// A read-only remount of a bind must repeat the source mount's nodev, noexec and atime
+/// flags: the kernel refuses to clear them where they are locked (in a user namespace).
+/// nosuid is added; nodev is not, so the bound device nodes keep working.
+fn read_only_remount_flags(source: &CStr) -> libc::c_ulong {
+    let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
+    // SAFETY: statvfs is plain old data, for which all zeroes is a valid value.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a pointer to a local struct.
+    if unsafe { libc::statvfs(source.as_ptr(), &mut stat) } == 0 {
+        let kept = [
+            (libc::ST_NODEV, libc::MS_NODEV),
+            (libc::ST_NOEXEC, libc::MS_NOEXEC),
+            (libc::ST_NOATIME, libc::MS_NOATIME),
+            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+            (libc::ST_RELATIME, libc::MS_RELATIME),
+        ];
+        for (st, ms) in kept {
+            if stat.f_flag & st != 0 {
+                flags |= ms;
+            }
+        }
+    }
+    flags
+}
+
+/// The minimal root every run of a sandbox gets, planned once in `Sandbox::new`; each
+/// run adds its own folder ([`Root::mounts`]).
+#[derive(Debug)]
+pub struct Root {
+    /// An empty host folder that each run's new root is mounted on, inside the run's
+    /// mount namespace only: the host always sees it empty.
+    _staging: tempfile::TempDir,
+    plan: Plan,
+}
+
+impl Root {
+    /// Plans the root; `interpreter_dirs` are the folders the interpreter needs beside
+    /// the system folders (a venv, a pyenv prefix), bound read-only.
+    pub fn new(interpreter_dirs: &[PathBuf]) -> io::Result<Root> {
+        let staging = tempfile::Builder::new().prefix("petting-root-").tempdir()?;
+        let mut plan =
+            Plan { staging: staging.path().to_path_buf(), steps: Vec::new(), created: HashSet::from(["/".into()]) };
+        for dir in SYSTEM_DIRS {
+            plan.copy_or_bind(Path::new(dir));
+        }
+        for entry in ETC_ENTRIES {
+            plan.copy_or_bind(Path::new(entry));
+        }
+        for device in DEVICES.map(Path::new).into_iter().filter(|d| d.exists()) {
+            plan.bind(device, false);
+        }
+        for (link, target) in DEV_LINKS {
+            plan.symlink(Path::new(link), Path::new(target));
+        }
+        for dir in SCRATCH_DIRS {
+            plan.tmpfs(Path::new(dir));
+        }
+        // The mount point of the procfs that PID 1 mounts.
+        plan.dir_all(Path::new("/proc"));
+        // After the scratch tmpfs mounts, so that a folder below /tmp is created in the
+        // new /tmp rather than hidden under it.
+        for dir in uncovered(interpreter_dirs) {
+            plan.bind(&dir, false);
+        }
+        Ok(Root { _staging: staging, plan })
+    }
+
+    /// What the child of one run needs: the root's steps and `work` bound read-write
+    /// at its own path.
+    fn mounts(&self, work: &Path) -> Mounts {
+        let mut plan = self.plan.clone();
+        plan.bind(work, true);
+        Mounts { staging: c_path(&plan.staging), steps: plan.steps, work: c_path(work) }
+    }
+}
+
+/// The interpreter folders that exist and are not already inside a system folder or
+/// another of them, ancestors first. The host root itself is never bound: that would
+/// undo the sandbox.
+fn uncovered(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<&PathBuf> =
+        dirs.iter().filter(|d| d.is_absolute() && d.parent().is_some() && d.is_dir()).collect();
+    dirs.sort_by_key(|d| d.components().count());
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for dir in dirs {
+        let covered = SYSTEM_DIRS.iter().any(|s| dir.starts_with(s)) || kept.iter().any(|k| dir.starts_with(k));
+        if !covered {
+            kept.push(dir.clone());
+        }
+    }
+    kept
+}
 
 /// What the full-isolation child needs, prepared before the fork.
 struct Mounts {
-    scratch: Vec<CString>,
-    /// The run's directory, which may lie inside a scratch dir the tmpfs hides: it is
-    /// opened before the tmpfs is mounted and bound back at the same path.
+    /// The host folder the new root's tmpfs is mounted on.
+    staging: CString,
+    steps: Vec<Step>,
+    /// The run's folder, the program's working directory.
     work: CString,
-    /// Folders to create inside the tmpfs so that `work` has a place to be bound to.
-    work_parents: Vec<CString>,
 }
 
-/// Sets up the command for the isolation level; `work` is the run's directory.
-pub fn configure(command: &mut Command, isolation: Isolation, limits: Limits, work: &Path) {
-    match isolation {
-        Isolation::Full => {
-            let c_path = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in a path");
-            let scratch: Vec<&Path> = SCRATCH_DIRS.iter().map(Path::new).filter(|d| d.is_dir()).collect();
-            let covering = scratch.iter().find(|d| work.starts_with(d));
-            let work_parents = match covering {
-                Some(top) => work.ancestors().skip(1).take_while(|a| a != top).map(c_path).collect::<Vec<_>>(),
-                None => Vec::new(),
-            };
-            let mounts = Mounts {
-                scratch: scratch.iter().map(|d| c_path(d)).collect(),
-                work: c_path(work),
-                work_parents: work_parents.into_iter().rev().collect(),
-            };
-            // The intermediate's parent-death signal fires when the *thread* that forked
-            // it ends, not the process: `Sandbox::run` blocks its calling thread until
-            // the child has been waited for, so that thread outlives the child unless
-            // petting dies.
-            let parent = std::process::id() as libc::pid_t;
-            // SAFETY: the closure only makes async-signal-safe system calls on data
-            // allocated before the fork.
-            unsafe {
-                command.pre_exec(move || enter_full(&mounts, limits, parent));
-            }
-        }
-        Isolation::Basic => {
-            command.process_group(0);
-            // SAFETY: as above.
-            unsafe {
-                command.pre_exec(move || enter_basic(limits));
-            }
-        }
+/// Sets up the command for full isolation; `work` is the run's directory.
+pub fn configure_full(command: &mut Command, limits: Limits, root: &Root, work: &Path) {
+    let mounts = root.mounts(work);
+    // The intermediate's parent-death signal fires when the *thread* that forked it
+    // ends, not the process: `Sandbox::run` blocks its calling thread until the child
+    // has been waited for, so that thread outlives the child unless petting dies.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure only makes async-signal-safe system calls on data
+    // allocated before the fork.
+    unsafe {
+        command.pre_exec(move || enter_full(&mounts, limits, parent));
+    }
+}
+
+/// Sets up the command for basic isolation.
+pub fn configure_basic(command: &mut Command, limits: Limits) {
+    command.process_group(0);
+    // SAFETY: as above.
+    unsafe {
+        command.pre_exec(move || enter_basic(limits));
     }
 }
 
@@ -129,6 +330,41 @@ fn set_parent_death_signal() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) })
 }
 
+/// Runs one step of building the new root.
+fn run_step(step: &Step) -> io::Result<()> {
+    // SAFETY (whole function): raw system calls with valid, NUL-terminated arguments.
+    unsafe {
+        match step {
+            Step::Dir(path) => {
+                if libc::mkdir(path.as_ptr(), 0o755) == -1 && *libc::__errno_location() != libc::EEXIST {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Step::File(path) => {
+                let fd = libc::open(path.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                check(fd)?;
+                libc::close(fd);
+            }
+            Step::Symlink { target, link } => check(libc::symlink(target.as_ptr(), link.as_ptr()))?,
+            Step::Bind { source, target, remount } => {
+                let none = std::ptr::null();
+                check(libc::mount(source.as_ptr(), target.as_ptr(), none, libc::MS_BIND, none.cast()))?;
+                if let Some(flags) = remount {
+                    check(libc::mount(none, target.as_ptr(), none, *flags, none.cast()))?;
+                }
+            }
+            Step::Tmpfs(path) => check(libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                SCRATCH_OPTIONS.as_ptr().cast(),
+            ))?,
+        }
+    }
+    Ok(())
+}
+
 fn enter_full(mounts: &Mounts, limits: Limits, parent: libc::pid_t) -> io::Result<()> {
     // Should petting die, the intermediate dies with it, and PID 1 after it. Should
     // petting have died before the prctl, the parent is no longer petting: give up.
@@ -141,44 +377,33 @@ fn enter_full(mounts: &Mounts, limits: Limits, parent: libc::pid_t) -> io::Resul
         let flags =
             libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         check(libc::unshare(flags))?;
-        let root = c"/";
-        check(libc::mount(
-            std::ptr::null(),
-            root.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ))?;
-        // Opened inside the new mount namespace: a bind mount's source must be in it.
-        let work_fd = libc::open(mounts.work.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC);
-        check(work_fd)?;
+        let none = std::ptr::null();
+        check(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, none.cast()))?;
+
+        // The new root: a tmpfs on the staging folder, filled by the planned steps, then
+        // read-only (the program may write only to its folder and the scratch tmpfs).
         let tmpfs = c"tmpfs";
-        let options = c"size=64m,mode=1777";
-        for dir in &mounts.scratch {
-            check(libc::mount(
-                tmpfs.as_ptr(),
-                dir.as_ptr(),
-                tmpfs.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                options.as_ptr().cast(),
-            ))?;
-        }
-        // Bind the run's directory back where the program expects it.
-        for dir in &mounts.work_parents {
-            libc::mkdir(dir.as_ptr(), 0o755);
-        }
-        libc::mkdir(mounts.work.as_ptr(), 0o700);
-        let mut fd_path = [0u8; 32];
-        fd_link(work_fd, &mut fd_path);
+        let staging = mounts.staging.as_ptr();
         check(libc::mount(
-            fd_path.as_ptr().cast(),
-            mounts.work.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
+            tmpfs.as_ptr(),
+            staging,
+            tmpfs.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            ROOT_OPTIONS.as_ptr().cast(),
         ))?;
-        libc::close(work_fd);
+        for step in &mounts.steps {
+            run_step(step)?;
+        }
+        let read_only = libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+        check(libc::mount(none, staging, none, read_only, none.cast()))?;
+
+        // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves
+        // no path to any host file that was not bound in.
+        check(libc::chdir(staging))?;
+        check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int)?;
+        check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))?;
         check(libc::chdir(mounts.work.as_ptr()))?;
+
         // Closes the window in which PID 1 has no parent-death signal (setuid clears
         // it): the intermediate holds the write end until it dies, so PID 1 sees the
         // read end hang up if the intermediate died before PID 1's final prctl.
@@ -195,6 +420,15 @@ fn enter_full(mounts: &Mounts, limits: Limits, parent: libc::pid_t) -> io::Resul
         // PID 1 of the new namespace.
         libc::close(alive[1]);
         set_parent_death_signal()?;
+        // Only a process inside the new PID namespace mounts a procfs of it; it shows
+        // this run's processes and none of the host's.
+        check(libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            none.cast(),
+        ))?;
         set_common_limits(limits)?;
         set_limit(libc::RLIMIT_NPROC, limits.max_processes)?;
         check(libc::setgroups(0, std::ptr::null()))?;
@@ -209,27 +443,6 @@ fn enter_full(mounts: &Mounts, limits: Limits, parent: libc::pid_t) -> io::Resul
         }
     }
     Ok(())
-}
-
-/// Writes `/proc/self/fd/<fd>` and a NUL into `out` without allocating.
-fn fd_link(fd: libc::c_int, out: &mut [u8; 32]) {
-    let prefix = b"/proc/self/fd/";
-    out[..prefix.len()].copy_from_slice(prefix);
-    let mut digits = [0u8; 10];
-    let mut n = fd.max(0) as u32;
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for i in 0..len {
-        out[prefix.len() + i] = digits[len - 1 - i];
-    }
-    out[prefix.len() + len] = 0;
 }
 
 /// PID 1 of the namespace, as the intermediate sees it (set in the intermediate only).

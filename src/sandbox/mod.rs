@@ -1,11 +1,19 @@
 //! Runs untrusted Python (tool agents, coders, testers) in a separate, contained process.
 //!
 //! ```text
+//!  Sandbox::new                    finds python3, asks it once where it is installed
+//!                                  (sys.prefix, sys.base_prefix, the real executable)
 //!  Sandbox::run(program)           (any thread; at most `max_parallel` at once)
 //!    ├─ fresh temp dir, files written, owned by a throw-away uid
 //!    ├─ spawn  python3 -s -B -u main.py   env cleared, cwd = temp dir
 //!    │    full isolation (root):   new PID + mount + network + IPC + UTS namespaces,
-//!    │                             private tmpfs on /tmp, /var/tmp, /dev/shm,
+//!    │                             a minimal root (pivot_root, old root detached):
+//!    │                               /usr /bin /lib /lib64 /sbin, the interpreter's
+//!    │                               prefixes                    read-only
+//!    │                               /etc: ld.so.cache localtime alternatives only
+//!    │                               /dev: null zero random urandom; /dev/shm, /tmp tmpfs
+//!    │                               /proc: the run's own PID namespace only
+//!    │                               the temp dir, at its own path     read-write
 //!    │                             unprivileged uid, no_new_privs, rlimits (CPU, address
 //!    │                             space, processes, file size, open files, core)
 //!    │    basic isolation (other): own process group, rlimits except processes, and a
@@ -15,6 +23,10 @@
 //! ```
 //!
 //! How each threat is met with full isolation (the tests in `tests.rs` prove each one):
+//! * **Reading the answers**: no host path is reachable but the system folders, the
+//!   interpreter's own and the run's folder. The run's dataset files (every task's
+//!   reference answer), the repository, other runs' folders, the host's accounts
+//!   (/etc/passwd) and the host's processes (/proc shows only the run's) are not there.
 //! * **Infinite loop**: the wall-clock deadline kills it (and RLIMIT_CPU backs it up).
 //! * **Memory bomb**: RLIMIT_AS makes allocations fail; Python raises `MemoryError`.
 //! * **Fork bomb**: RLIMIT_NPROC counts the processes of the run's uid, which no other
@@ -22,9 +34,10 @@
 //!   namespace; when it exits or is killed the kernel kills everything left inside.
 //! * **Outliving petting**: each process between petting and the program has a
 //!   parent-death signal, so a kill -9 of petting ends the run's whole namespace too.
-//! * **Writes outside the temp dir**: the uid owns nothing but the temp dir, so the
-//!   host's files refuse it; the world-writable scratch dirs are private tmpfs mounts
-//!   that vanish with the run. RLIMIT_FSIZE caps each file it writes.
+//! * **Writes outside the temp dir**: the root is read-only and holds no host folder
+//!   that may be written to (no /run/lock, /var/tmp); /tmp and /dev/shm are private
+//!   tmpfs mounts that vanish with the run, and the uid owns nothing but the temp dir.
+//!   RLIMIT_FSIZE caps each file it writes.
 //! * **Network**: the new network namespace has only a loopback interface that is down,
 //!   so even 127.0.0.1 is unreachable.
 //! * **Output floods**: at most `output_limit` bytes of each stream are kept; the rest is
@@ -34,8 +47,8 @@
 //! sandbox is best effort and says so ([`Isolation::Basic`]): the process group is
 //! killed at the deadline, memory, CPU and file size are limited, and the network is
 //! cut where unprivileged user namespaces are allowed; forks are not limited (RLIMIT_NPROC
-//! would count all of the user's own processes) and writes are limited only by the
-//! user's own permissions.
+//! would count all of the user's own processes), and reads and writes are limited only
+//! by the user's own permissions (the whole file system is visible).
 //!
 //! Programs run with `PYTHONHASHSEED=0`, so a program's output is reproducible.
 
@@ -66,12 +79,19 @@ pub enum Error {
 
     #[error("the sandbox's self-test failed ({python} printing a line): {detail}")]
     SelfTest { python: PathBuf, detail: String },
+
+    #[error("cannot ask {python} where it is installed: {detail}")]
+    Prefixes { python: PathBuf, detail: String },
+
+    #[error("cannot prepare the sandbox's root: {source}")]
+    Root { source: std::io::Error },
 }
 
 /// Limits of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxConfig {
-    /// Wall-clock limit of a run (tool programs: 20 s; code tests use 30 s).
+    /// Wall-clock limit of a run that sets none (math tool programs and code tests set
+    /// their own: `env.tool_timeout_seconds`, `env.test_timeout_seconds`).
     pub timeout: Duration,
     /// Address-space limit of every process of a run.
     pub memory_bytes: u64,
@@ -184,6 +204,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     python: PathBuf,
     isolation: Isolation,
+    /// The minimal root of each run (full isolation only).
+    root: Option<isolate::Root>,
     /// Free slots; a slot's index picks the run's uid, so concurrent runs never share one.
     free: Mutex<Vec<usize>>,
     freed: Condvar,
@@ -209,11 +231,17 @@ impl Sandbox {
         // once share a uid (and with it an RLIMIT_NPROC count).
         let instance = SANDBOXES_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let uid_base = uid_base(std::process::id(), instance);
-        let isolation = if isolate::is_root() { Isolation::Full } else { Isolation::Basic };
+        let (isolation, root) = if isolate::is_root() {
+            let dirs = interpreter_dirs(&python)?;
+            (Isolation::Full, Some(isolate::Root::new(&dirs).map_err(|source| Error::Root { source })?))
+        } else {
+            (Isolation::Basic, None)
+        };
         let sandbox = Sandbox {
             config,
             python,
             isolation,
+            root,
             free: Mutex::new((0..slots).rev().collect()),
             freed: Condvar::new(),
             uid_base,
@@ -298,7 +326,10 @@ impl Sandbox {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        isolate::configure(&mut command, self.isolation, limits, &work);
+        match &self.root {
+            Some(root) => isolate::configure_full(&mut command, limits, root, &work),
+            None => isolate::configure_basic(&mut command, limits),
+        }
 
         let started = Instant::now();
         let mut child = command.spawn().map_err(|source| Error::Spawn { python: self.python.clone(), source })?;
@@ -351,8 +382,8 @@ fn find_python(configured: Option<&Path>) -> Result<PathBuf, Error> {
             Err(Error::NoPython { tried: path.display().to_string() })
         };
     }
-    // The system interpreter first: it is readable by the throw-away uid, unlike an
-    // interpreter under a private home directory.
+    // The system interpreter first: the first python3 on PATH may be a shim (pyenv's
+    // is a shell script) rather than an interpreter whose folders the sandbox can bind.
     let system = Path::new("/usr/bin/python3");
     if system.is_file() {
         return Ok(system.to_path_buf());
@@ -362,6 +393,34 @@ fn find_python(configured: Option<&Path>) -> Result<PathBuf, Error> {
         .map(|dir| dir.join("python3"))
         .find(|candidate| candidate.is_file())
         .ok_or_else(|| Error::NoPython { tried: "/usr/bin/python3 and python3 on PATH".into() })
+}
+
+/// The folders the interpreter needs beyond the system folders (/usr, /lib, …), which
+/// are all a run's root has: its own folder, its prefixes (a venv's and the Python it
+/// was made from, a pyenv version) and the folder of the real executable, each as
+/// Python names it and with symlinks resolved. Asked once, of the interpreter itself,
+/// before any isolation: it is the trusted interpreter, not a program.
+fn interpreter_dirs(python: &Path) -> Result<Vec<PathBuf>, Error> {
+    let code = "import os, sys\n\
+                dirs = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]\n\
+                dirs.append(os.path.dirname(os.path.realpath(sys.executable)))\n\
+                print('\\n'.join(dirs))";
+    let failed = |detail: String| Error::Prefixes { python: python.to_path_buf(), detail };
+    let output = Command::new(python)
+        .args(["-E", "-s", "-B", "-c", code])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| failed(e.to_string()))?;
+    if !output.status.success() {
+        return Err(failed(format!("{}, stderr: {}", output.status, String::from_utf8_lossy(&output.stderr).trim())));
+    }
+    let mut dirs: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout).lines().map(PathBuf::from).collect();
+    dirs.extend(python.parent().map(Path::to_path_buf));
+    let resolved: Vec<PathBuf> = dirs.iter().filter_map(|d| std::fs::canonicalize(d).ok()).collect();
+    dirs.extend(resolved);
+    Ok(dirs)
 }
 
 fn write_files(dir: &Path, program: &Program) -> std::io::Result<()> {

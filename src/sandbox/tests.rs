@@ -1,6 +1,7 @@
 //! The sandbox battery: each threat of the module doc, provoked for real.
 //! Tests of what only full isolation promises return early (with a note) when not root.
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use super::*;
@@ -12,10 +13,14 @@ fn sandbox(timeout_secs: u64) -> Sandbox {
 
 // A skipped test says so on the test runner's stderr; the library itself never prints.
 #[allow(clippy::print_stderr)]
+fn skipped(test: &str, why: &str) {
+    eprintln!("{test}: skipped, {why}");
+}
+
 fn full(sandbox: &Sandbox, test: &str) -> bool {
     let full = sandbox.isolation() == Isolation::Full;
     if !full {
-        eprintln!("{test}: skipped, full isolation needs root");
+        skipped(test, "full isolation needs root");
     }
     full
 }
@@ -240,6 +245,151 @@ fn odd_file_names_are_refused() {
     let mut program = Program::new("print(1)");
     program.files.push(("../evil.py".into(), String::new()));
     assert!(matches!(sandbox.run(&program), Err(Error::WorkDir { .. })));
+}
+
+#[test]
+fn the_hosts_accounts_and_name_are_not_there() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "host accounts") {
+        return;
+    }
+    let code = "for path in ['/etc/passwd', '/etc/group', '/etc/shadow', '/etc/hostname', '/etc/hosts']:\n\
+                \x20   try:\n\
+                \x20       open(path).read()\n\
+                \x20       print(path, 'read')\n\
+                \x20   except FileNotFoundError:\n\
+                \x20       print(path, 'absent')\n\
+                \x20   except PermissionError:\n\
+                \x20       print(path, 'refused')";
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        "/etc/passwd absent\n/etc/group absent\n/etc/shadow absent\n/etc/hostname absent\n/etc/hosts absent\n"
+    );
+}
+
+#[test]
+fn only_the_runs_own_processes_are_in_proc() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "proc") {
+        return;
+    }
+    // The test's own pid exists in the host's /proc; the sandbox's PID namespace
+    // numbers from 1, so it could only be there if the host's /proc were.
+    let host_pid = std::process::id();
+    let code = format!(
+        "import os\n\
+         print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n\
+         print(open('/proc/1/cmdline').read().split('\\0')[1:-1])\n\
+         print(os.path.exists('/proc/{host_pid}'))"
+    );
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    // The program itself is PID 1 and the only process.
+    assert_eq!(out.stdout, "['1']\n['-s', '-B', '-u', 'main.py']\nFalse\n");
+}
+
+#[test]
+fn files_outside_the_runs_folder_are_not_there() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "outside files") {
+        return;
+    }
+    // A world-readable answer in a fresh folder: permissions alone would let the
+    // throw-away uid read it.
+    let host = tempfile::tempdir().unwrap();
+    let folder = host.path().join("answers");
+    std::fs::create_dir(&folder).unwrap();
+    let answer = folder.join("answer.txt");
+    std::fs::write(&answer, "42").unwrap();
+    for path in [host.path(), &folder] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let datasets = repo.join("datasets");
+    assert!(datasets.is_dir(), "the repository has a datasets folder to hide");
+    let paths = [&answer, &folder, &datasets, &repo.join("Cargo.toml"), &repo.to_path_buf()];
+    let code = format!(
+        "import os\nfor path in {:?}:\n    print(os.path.exists(path))",
+        paths.iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>()
+    );
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "False\n".repeat(paths.len()));
+}
+
+#[test]
+fn nothing_written_outside_the_runs_folder_persists() {
+    let sandbox = sandbox(20);
+    if !full(&sandbox, "persistent writes") {
+        return;
+    }
+    let name = format!("petting-persist-{}.txt", std::process::id());
+    let dirs = ["/run/lock", "/var/tmp", "/tmp", "/dev/shm", "/", "/etc", "/usr/local"];
+    let code = format!(
+        "import os\n\
+         for folder in {dirs:?}:\n\
+         \x20   try:\n\
+         \x20       os.makedirs(folder, exist_ok=True)\n\
+         \x20       open(os.path.join(folder, {name:?}), 'w').write('x')\n\
+         \x20   except OSError:\n\
+         \x20       pass\n\
+         print('done')"
+    );
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!((out.status, out.stdout.as_str()), (Status::Exited(0), "done\n"), "{}", out.stderr);
+    let left: Vec<PathBuf> = dirs.iter().map(|d| Path::new(d).join(&name)).filter(|p| p.exists()).collect();
+    for path in &left {
+        let _ = std::fs::remove_file(path);
+    }
+    assert_eq!(left, Vec::<PathBuf>::new(), "files the run left on the host");
+}
+
+#[test]
+fn the_standard_library_and_subprocesses_work_in_the_minimal_root() {
+    let sandbox = sandbox(20);
+    let code = "import json, math, re, subprocess, sys, tempfile, time\n\
+                print(json.dumps({'x': math.sqrt(16)}), re.sub('a+', 'b', 'caat'))\n\
+                for python in ['python3', sys.executable]:\n\
+                \x20   child = subprocess.run([python, '-c', 'print(6 * 7)'], capture_output=True, text=True)\n\
+                \x20   print(child.returncode, child.stdout.strip(), child.stderr.strip())\n\
+                with tempfile.TemporaryDirectory() as scratch:\n\
+                \x20   open(scratch + '/f', 'w').write('y')\n\
+                \x20   print(open(scratch + '/f').read())\n\
+                open('/dev/null', 'w').write('z')\n\
+                print(len(open('/dev/urandom', 'rb').read(8)), time.localtime(0).tm_year)\n\
+                print(subprocess.run(['sleep', '0'], capture_output=True).returncode)";
+    let out = sandbox.run(&Program::new(code)).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "{\"x\": 4.0} cbt\n0 42 \n0 42 \ny\n8 1970\n0\n");
+}
+
+#[test]
+fn an_interpreter_outside_usr_runs_with_its_own_prefix() {
+    let host = tempfile::tempdir().unwrap();
+    let venv = host.path().join("venv");
+    let made = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !made {
+        // Not a failure of the sandbox: this machine's Python has no venv module.
+        skipped("interpreter outside /usr", "python3 -m venv is not available");
+        return;
+    }
+    // The venv lies in a folder only root may enter (tempdir's 0700): only the bind
+    // mount of its prefix lets the throw-away uid run it.
+    let python = venv.join("bin/python3");
+    let sandbox = Sandbox::new(SandboxConfig { python: Some(python), ..SandboxConfig::default() })
+        .expect("the venv's python runs in the sandbox");
+    if !full(&sandbox, "interpreter outside /usr") {
+        return;
+    }
+    let out = sandbox.run(&Program::new("import sys\nprint(sys.prefix)\nprint(sys.base_prefix)")).unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", out.stderr);
+    assert_eq!(out.stdout, format!("{}\n/usr\n", venv.display()));
 }
 
 /// Set for the helper process of `nothing_of_a_run_outlives_its_killed_caller`.
