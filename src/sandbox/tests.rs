@@ -419,9 +419,12 @@ fn nothing_of_a_run_outlives_its_killed_caller() {
     if !full(&sandbox, "killed caller") {
         return;
     }
+    // The killed helper cannot remove its sandbox's folders; they go with this one.
+    let scratch = tempfile::tempdir().unwrap();
     let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "sandbox::tests::helper_running_a_program_until_killed"])
         .env(HELPER_ENV, "1")
+        .env("TMPDIR", scratch.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
