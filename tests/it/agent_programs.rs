@@ -181,6 +181,32 @@ fn failing_programs_are_recorded_with_their_reason_and_the_others_train() {
     assert_eq!(sql_rows(&store, "SELECT count(*) FROM updates WHERE policy = 'solver'"), ["1"]);
 }
 
+/// `source` as the program `name` in `dir`, one episode of it per row of `train`
+/// (`test` the held-out row), with `env_extra` added to the `env` section.
+fn one_episode_per_task(
+    dir: &Path,
+    name: &str,
+    source: &str,
+    train: &[String],
+    test: &str,
+    env_extra: &str,
+) -> RunFile {
+    std::fs::write(dir.join(name), source).unwrap();
+    std::fs::write(dir.join("train.jsonl"), train.join("\n")).unwrap();
+    std::fs::write(dir.join("test.jsonl"), format!("{test}\n")).unwrap();
+    let env = format!("{{name: agent_program, command: [python, {name}], workdir: {}{env_extra}}}", dir.display());
+    let data = format!(
+        "{{train_tasks: {}, test_tasks: 1, train_file: {{path: train.jsonl}}, test_file: {{path: test.jsonl}}}}",
+        train.len()
+    );
+    team_run(dir, name, &fixture("hf-tiny-qwen3"))
+        .set("env", &env)
+        .set("data", &data)
+        .set("rollout.tasks_per_iteration", &train.len().to_string())
+        .set("rollout.episodes_per_task", "1")
+        .set("evaluation.tasks", "1")
+}
+
 /// A program that, as a hostile one would, calls with its own key on other episodes'
 /// paths and with a guessed key; the honest ones call once for their own episode.
 const TRESPASSING: &str = r#"
@@ -209,21 +235,11 @@ print(json.dumps({"reward": 1.0 if task["mode"] == "honest" else 0.0}))
 #[test]
 fn an_episode_key_calls_for_its_own_episode_only() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("trespassing.py"), TRESPASSING).unwrap();
     let modes = ["honest", "honest", "hostile", "honest"];
     let rows: Vec<String> =
         modes.iter().enumerate().map(|(i, m)| format!("{{\"id\": \"{m}{i}\", \"mode\": \"{m}\"}}")).collect();
-    std::fs::write(dir.path().join("train.jsonl"), rows.join("\n")).unwrap();
-    std::fs::write(dir.path().join("test.jsonl"), "{\"id\": \"t\", \"mode\": \"honest\"}\n").unwrap();
-    let file = team_run(dir.path(), "trespassing.py", &fixture("hf-tiny-qwen3"))
-        .set(
-            "env",
-            &format!("{{name: agent_program, command: [python, trespassing.py], workdir: {}}}", dir.path().display()),
-        )
-        .set("data", "{train_tasks: 4, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
-        .set("rollout.tasks_per_iteration", "4")
-        .set("rollout.episodes_per_task", "1")
-        .set("evaluation.tasks", "1");
+    let test = "{\"id\": \"t\", \"mode\": \"honest\"}";
+    let file = one_episode_per_task(dir.path(), "trespassing.py", TRESPASSING, &rows, test, "");
     run_ok(&file, dir.path(), Some("group:0"));
     let statuses: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("statuses-hostile2.json")).unwrap()).unwrap();
@@ -271,19 +287,9 @@ print(json.dumps({"reward": float(refused and whole and ok == 200)}))
 #[test]
 fn a_large_task_reaches_the_program_and_a_body_past_the_limit_is_refused_unread() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("oversized.py"), OVERSIZED).unwrap();
-    let row = format!("{{\"id\": \"big\", \"text\": \"{}\"}}\n", "y".repeat(200_000));
-    std::fs::write(dir.path().join("train.jsonl"), row).unwrap();
-    std::fs::write(dir.path().join("test.jsonl"), "{\"id\": \"t\", \"text\": \"\"}\n").unwrap();
-    let file = team_run(dir.path(), "oversized.py", &fixture("hf-tiny-qwen3"))
-        .set(
-            "env",
-            &format!("{{name: agent_program, command: [python, oversized.py], workdir: {}}}", dir.path().display()),
-        )
-        .set("data", "{train_tasks: 1, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
-        .set("rollout.tasks_per_iteration", "1")
-        .set("rollout.episodes_per_task", "1")
-        .set("evaluation.tasks", "1");
+    let row = format!("{{\"id\": \"big\", \"text\": \"{}\"}}", "y".repeat(200_000));
+    let test = "{\"id\": \"t\", \"text\": \"\"}";
+    let file = one_episode_per_task(dir.path(), "oversized.py", OVERSIZED, &[row], test, "");
     run_ok(&file, dir.path(), Some("group:0"));
     let rows = sql_rows(&dir.path().join("run"), "SELECT count(*), min(team_reward), max(failure) FROM turns");
     assert_eq!(rows, ["1,1.0,"], "one call answered, the oversized one refused, the task whole");
@@ -323,21 +329,15 @@ fn gone_within(marker: &str, seconds: u64) -> bool {
 }
 
 fn lingering_run(dir: &Path, mode: &str) -> String {
-    std::fs::write(dir.join("lingering.py"), LINGERING).unwrap();
-    std::fs::write(dir.join("train.jsonl"), format!("{{\"id\": \"{mode}\"}}\n")).unwrap();
-    std::fs::write(dir.join("test.jsonl"), "{\"id\": \"quick-test\"}\n").unwrap();
-    let file = team_run(dir, "lingering.py", &fixture("hf-tiny-qwen3"))
-        .set(
-            "env",
-            &format!(
-                "{{name: agent_program, command: [python, lingering.py], workdir: {}, timeout_seconds: 60}}",
-                dir.display()
-            ),
-        )
-        .set("data", "{train_tasks: 1, test_tasks: 1, train_file: {path: train.jsonl}, test_file: {path: test.jsonl}}")
-        .set("rollout.tasks_per_iteration", "1")
-        .set("rollout.episodes_per_task", "1")
-        .set("evaluation.tasks", "1");
+    let train = [format!("{{\"id\": \"{mode}\"}}")];
+    let file = one_episode_per_task(
+        dir,
+        "lingering.py",
+        LINGERING,
+        &train,
+        "{\"id\": \"quick-test\"}",
+        ", timeout_seconds: 60",
+    );
     file.write(&dir.join("run.yaml"))
 }
 

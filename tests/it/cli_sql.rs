@@ -324,20 +324,24 @@ fn verify_and_sql_name_a_truncated_file() {
     assert!(!ok && stderr.contains(&name) && stderr.contains("corrupt"), "{stderr}");
 }
 
-#[test]
-fn stages_run_alone_from_the_command_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("it.yaml");
+/// A Plan-Path run in `dir/run` with only prepare-data committed, for stages run by hand.
+fn prepared_run(dir: &std::path::Path) -> String {
+    let config = dir.join("it.yaml");
     std::fs::write(
         &config,
         "store: run\niterations: 1\nenv: {name: plan_path}\nworkflow: {kind: tool_planner}\n\
          agents: {tool: {policy: shared}, planner: {policy: shared}}\npolicies: {shared: {model: m}}\n",
     )
     .unwrap();
-    // Only prepare-data: the stages below run by hand.
     let (ok, _, stderr) = run(&["pipeline", "run", config.to_str().unwrap(), "--until", "update"]);
     assert!(ok, "{stderr}");
-    let url = dir.path().join("run").to_string_lossy().into_owned();
+    dir.join("run").to_string_lossy().into_owned()
+}
+
+#[test]
+fn stages_run_alone_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = prepared_run(dir.path());
     block_on(synthetic::commit_turns(&RunStore::open(&url).unwrap(), 1, 128, 128));
 
     let (ok, _, stderr) = run(&["stage", "advantage", &url, "--iteration", "0"]);
@@ -357,16 +361,7 @@ fn stages_run_alone_from_the_command_line() {
 #[test]
 fn a_reward_past_float_range_is_refused_before_a_group_is_committed() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("it.yaml");
-    std::fs::write(
-        &config,
-        "store: run\niterations: 1\nenv: {name: plan_path}\nworkflow: {kind: tool_planner}\n\
-         agents: {tool: {policy: shared}, planner: {policy: shared}}\npolicies: {shared: {model: m}}\n",
-    )
-    .unwrap();
-    let (ok, _, stderr) = run(&["pipeline", "run", config.to_str().unwrap(), "--until", "update"]);
-    assert!(ok, "{stderr}");
-    let url = dir.path().join("run").to_string_lossy().into_owned();
+    let url = prepared_run(dir.path());
     // Rows as a rollout without a bound on rewards would commit them: each finite, their
     // sum (the mixed reward) and so the group's mean and std not.
     let mut rows = synthetic::turn_rows(0, 128, 7);
