@@ -32,11 +32,57 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::trainer::OptimizerConfig;
 use super::weights::{SafetensorsSet, read_header, write_safetensors_with};
 use super::{Error, Result};
+use crate::algo::schedule::{Schedule, learning_rate};
+use crate::validate::{Invalid, check};
+
+/// AdamW settings (`policies.<name>.optimizer`, `warm_start.optimizer`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Adam betas.
+    pub betas: [f64; 2],
+    /// Adam epsilon.
+    pub eps: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: u32,
+    /// Learning-rate schedule after warm-up.
+    pub schedule: Schedule,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            lr: 1e-6,
+            weight_decay: 0.01,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            warmup_steps: 0,
+            schedule: Schedule::Constant,
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// The learning rate of step `step` of `total`.
+    pub fn learning_rate(&self, step: u64, total: u64) -> f64 {
+        learning_rate(self.lr, self.warmup_steps, self.schedule, step, total)
+    }
+
+    pub fn validate(&self, key: &str) -> Result<(), Invalid> {
+        check(self.lr > 0.0, format!("{key}.lr"), "must be positive")?;
+        let [b1, b2] = self.betas;
+        check((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2), format!("{key}.betas"), "must both be in [0, 1)")
+    }
+}
 
 /// The file a checkpoint folder keeps its optimiser state in.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
