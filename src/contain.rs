@@ -151,8 +151,13 @@ fn watch(program: libc::pid_t, lifeline: RawFd) -> ! {
     }
 }
 
-/// Ends this process the way the program ended.
-unsafe fn exit_as(status: libc::c_int) -> ! {
+/// Ends this process the way the process whose wait status is `status` ended: by the
+/// same signal (without a core dump), or with the same exit code. For a process that
+/// stands in for its child, after a fork and before any exec.
+///
+/// # Safety
+/// Only raw system calls: safe in a forked child of a multi-threaded process.
+pub unsafe fn exit_as(status: libc::c_int) -> ! {
     // SAFETY: raw system calls on this process.
     unsafe {
         if libc::WIFSIGNALED(status) {

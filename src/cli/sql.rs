@@ -27,7 +27,6 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<()> {
         bail!("--format parquet needs --output FILE");
     }
     let store = RunStore::open(&args.run)?;
-    store.ensure_exists().await?;
     if args.verify {
         store.verify().await?;
     } else if store.verify_tables_within(VERIFIED_BY_DEFAULT).await?.is_none() {

@@ -481,15 +481,7 @@ fn intermediate(pid: libc::pid_t, alive: libc::c_int) -> ! {
                 libc::_exit(127);
             }
         }
-        if libc::WIFSIGNALED(status) {
-            let signal = libc::WTERMSIG(status);
-            let limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            libc::setrlimit(libc::RLIMIT_CORE, &limit);
-            libc::signal(signal, libc::SIG_DFL);
-            libc::kill(libc::getpid(), signal);
-            libc::_exit(128 + signal);
-        }
-        libc::_exit(libc::WEXITSTATUS(status));
+        crate::contain::exit_as(status)
     }
 }
 

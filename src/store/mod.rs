@@ -95,7 +95,8 @@ impl RunStore {
     }
 
     /// The runs at or under `url`, down to `depth` folders below it: every folder that
-    /// holds commit markers (a run appears once its first stage commits), sorted by URL. A run's own folders are not searched.
+    /// holds commit markers (a run appears once its first stage commits), sorted by URL.
+    /// A run's own folders are not searched.
     pub async fn runs_under(url: &str, depth: usize) -> Result<Vec<RunStore>> {
         let top = RunStore::open(url)?;
         let mut found = Vec::new();
@@ -211,17 +212,23 @@ impl RunStore {
     /// config. Every marker records the config hash it ran with. Returns the kept path.
     pub async fn record_config_change(&self, yaml: &str, previous_sha256: &str) -> Result<String> {
         let previous = self.run_config().await?.unwrap_or_default();
-        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ");
-        let kept = format!("{}/{stamp}-{}.yaml", layout::CONFIG_HISTORY_DIR, &previous_sha256[..12]);
-        let create = object_store::PutMode::Create.into();
-        self.store
-            .put_opts(&self.path(&kept), Bytes::from(previous).into(), create)
-            .await
-            .map_err(|e| self.object_error("create", &kept, e))?;
+        let kept = self.keep_in_history(&format!("{}.yaml", &previous_sha256[..12]), previous).await?;
         self.store
             .put(&self.path(layout::RUN_CONFIG), Bytes::from(yaml.to_string()).into())
             .await
             .map_err(|e| self.object_error("write", layout::RUN_CONFIG, e))?;
+        Ok(kept)
+    }
+
+    /// Keeps `text`, a frozen file a resume replaces, as
+    /// `_config_history/<utc time>-<name>`; returns that path.
+    async fn keep_in_history(&self, name: &str, text: String) -> Result<String> {
+        let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ");
+        let kept = format!("{}/{stamp}-{name}", layout::CONFIG_HISTORY_DIR);
+        self.store
+            .put_opts(&self.path(&kept), Bytes::from(text).into(), object_store::PutMode::Create.into())
+            .await
+            .map_err(|e| self.object_error("create", &kept, e))?;
         Ok(kept)
     }
 
@@ -234,12 +241,7 @@ impl RunStore {
     /// under `_config_history/` as a changed run.yaml is.
     pub async fn freeze_environment_files(&self, json: &str) -> Result<()> {
         if let Some(previous) = self.environment_files().await? {
-            let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ");
-            let kept = format!("{}/{stamp}-{}", layout::CONFIG_HISTORY_DIR, layout::ENVIRONMENT_FILES);
-            self.store
-                .put_opts(&self.path(&kept), Bytes::from(previous).into(), object_store::PutMode::Create.into())
-                .await
-                .map_err(|e| self.object_error("create", &kept, e))?;
+            self.keep_in_history(layout::ENVIRONMENT_FILES, previous).await?;
         }
         self.store
             .put(&self.path(layout::ENVIRONMENT_FILES), Bytes::from(json.to_string()).into())
@@ -401,8 +403,7 @@ impl RunStore {
         let entries: Vec<&FileEntry> = markers.iter().flat_map(|m| &m.marker.files).collect();
         let (gone, present): (Vec<&FileEntry>, Vec<&FileEntry>) =
             entries.into_iter().partition(|entry| pruned.contains_key(&entry.path));
-        let reads: Vec<_> = present.iter().map(|entry| self.read_file(entry)).collect();
-        futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await?;
+        self.check_files(&present).await?;
         Ok((present.len(), gone.len()))
     }
 
@@ -417,9 +418,14 @@ impl RunStore {
         if bytes > limit {
             return Ok(None);
         }
-        let reads: Vec<_> = parts.iter().map(|entry| self.read_file(entry)).collect();
-        futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await?;
+        self.check_files(&parts).await?;
         Ok(Some(bytes))
+    }
+
+    /// Reads each file whole and checks its size and sha256 against its entry.
+    async fn check_files(&self, entries: &[&FileEntry]) -> Result<()> {
+        let reads: Vec<_> = entries.iter().map(|entry| self.read_file(entry)).collect();
+        futures::stream::iter(reads).buffer_unordered(CONCURRENCY).try_for_each(|_| async { Ok(()) }).await
     }
 
     /// Deletes files no commit marker names (the leftovers of crashed or losing

@@ -9,6 +9,20 @@ use petting::tables;
 
 use crate::support::{block_on, output_of, petting, run, synthetic};
 
+/// `petting sql URL` at its prompt, fed `input`, its history kept under `state`.
+fn at_the_prompt(url: &str, state: &std::path::Path, input: &[u8]) -> (bool, String, String) {
+    let mut child = petting()
+        .args(["sql", url])
+        .env("XDG_STATE_HOME", state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    output_of(child.wait_with_output().unwrap())
+}
+
 /// A run with 3 committed iterations of 64 turns each, plus one orphan part.
 fn fixture_run() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -105,20 +119,9 @@ fn sql_only_reads_copy_and_external_tables_are_refused() {
         assert!(!ok && stderr.contains("only reads"), "{statement}: {stderr}");
     }
     // At the prompt as well.
-    let mut child = petting()
-        .args(["sql", &url])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{external};\nselect secrets.line from secrets;\n").as_bytes())
-        .unwrap();
-    let (_, stdout, stderr) = output_of(child.wait_with_output().unwrap());
+    let input = format!("{external};\nselect secrets.line from secrets;\n");
+    let history = tempfile::tempdir().unwrap();
+    let (_, stdout, stderr) = at_the_prompt(&url, history.path(), input.as_bytes());
     assert!(stderr.contains("DDL not supported") && !stdout.contains("root:"), "{stdout}{stderr}");
     assert_eq!(crate::support::files_under(dir.path()), before, "nothing was written");
 }
@@ -194,28 +197,15 @@ fn s3_without_credentials_is_refused_before_any_request() {
 
 #[test]
 fn the_interactive_prompt_runs_multi_line_statements() {
-    let (_dir, url) = fixture_run();
-    let mut child = petting()
-        .args(["sql", &url])
-        .env("XDG_STATE_HOME", _dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"select count(*) as n\n  from turns;\nselec oops;\n\\d\nselect 41 + 1 as answer;\n\\q\n")
-        .unwrap();
-    let (ok, stdout, stderr) = output_of(child.wait_with_output().unwrap());
+    let (dir, url) = fixture_run();
+    let input = b"select count(*) as n\n  from turns;\nselec oops;\n\\d\nselect 41 + 1 as answer;\n\\q\n";
+    let (ok, stdout, stderr) = at_the_prompt(&url, dir.path(), input);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("| 192 |"), "{stdout}");
     assert!(stdout.contains("| 42     |"), "the prompt goes on after an error: {stdout}");
     assert!(stderr.contains("error: SQL error"), "{stderr}");
     assert!(stdout.contains("turns        One row per sampled candidate"), "{stdout}");
-    let history = std::fs::read_to_string(_dir.path().join("petting/sql_history")).unwrap();
+    let history = std::fs::read_to_string(dir.path().join("petting/sql_history")).unwrap();
     assert!(history.contains("select 41 + 1 as answer;"), "{history}");
 }
 
