@@ -21,22 +21,33 @@ fn main() {
     println!("cargo:rustc-env=PETTING_LIBTORCH_VARIANT={}", if cuda { "cuda" } else { "cpu" });
     let include = Path::new(&lib).parent().expect("libtorch's lib folder has a parent").join("include");
     // torch-sys builds its own C++ with the same flags (the PyPI wheels use the C++11 ABI).
+    if !include.join("gloo/config.h").exists() {
+        panic!(
+            "{} has no gloo headers, which csrc/c10d.cpp compiles against: run scripts/install/gloo-headers.sh {}",
+            include.display(),
+            include.parent().expect("include has a parent").display()
+        );
+    }
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     cc::Build::new()
         .cpp(true)
         .pic(true)
         .warnings(false)
         .include(&include)
+        // The C++ frontend's headers, which c10d's include.
+        .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
+        // ProcessGroupGloo.hpp declares its class only under this (libtorch defines it).
+        .flag("-DUSE_C10D_GLOO")
         // Products may fuse into FMA instructions (the kernels' sums are not bit-pinned).
         .flag("-ffp-contract=fast")
         // at::parallel_for is inline OpenMP in libtorch's headers: without the flag its
         // pragma is ignored and a kernel runs on one thread.
         .flag("-fopenmp")
         .opt_level(3)
-        .files(["csrc/ffi.cpp", "csrc/onednn_linear.cpp", "csrc/decode_attention.cpp"])
+        .files(["csrc/ffi.cpp", "csrc/onednn_linear.cpp", "csrc/decode_attention.cpp", "csrc/c10d.cpp"])
         .compile("petting_csrc");
     println!("cargo:rustc-link-lib=torch_cpu");
     println!("cargo:rustc-link-lib=c10");

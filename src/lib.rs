@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod play;
 pub mod policies;
 pub mod progress;
+pub mod ranks;
 pub mod rng;
 pub mod sandbox;
 pub mod schema;

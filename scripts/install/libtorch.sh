@@ -11,6 +11,8 @@
 # links the CPU build, and add the two CUDA runtime libraries libtorch_cpu.so is linked
 # against (it only loads them; no GPU is used). The wheels are pinned by sha256.
 #
+# gloo's headers, which csrc/c10d.cpp compiles against, come from scripts/install/gloo-headers.sh.
+#
 # Idempotent: a complete install (marked by .libtorch/build-version) is left alone.
 set -euo pipefail
 
@@ -24,6 +26,7 @@ esac
 version="2.11.0"
 
 if [[ -f "$dest/build-version" && "$(cat "$dest/build-version")" == "$version" ]]; then
+    "$root/scripts/install/gloo-headers.sh" "$dest"
     exit 0
 fi
 
@@ -116,4 +119,5 @@ echo "$version" > "$staging/build-version"
 
 rm -rf "$dest"
 mv "$staging" "$dest"
+"$root/scripts/install/gloo-headers.sh" "$dest"
 echo "install-libtorch: libtorch $version ($variant) is in $dest" >&2
