@@ -399,7 +399,7 @@ fn grpo_step(policy: &mut LanguageModel) -> impl FnMut() + '_ {
         })
         .collect();
     let optimizer = OptimizerConfig { lr: 1e-5, weight_decay: 0.0, ..OptimizerConfig::default() };
-    let mut trainer = Trainer::new(policy, None, &optimizer, 1.0, None).unwrap();
+    let mut trainer = Trainer::new(policy, None, &optimizer, 1.0, None, None).unwrap();
     let settings = GenerationSettings {
         min_new_tokens: GRPO_COMPLETION,
         ..GenerationSettings::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, GRPO_COMPLETION)
@@ -440,7 +440,8 @@ fn grpo_step(policy: &mut LanguageModel) -> impl FnMut() + '_ {
             .collect();
         // One mini-batch: its own forward gives the old logprobs, as in petting's update.
         let t1 = Instant::now();
-        trainer.ppo_step(policy, &batch, None, &[], &advantages, clip, micro, round, 1e-5).unwrap();
+        let totals = petting::model::Totals::of(&batch, &advantages);
+        trainer.ppo_step(policy, &batch, None, &[], &advantages, totals, clip, micro, round, 1e-5).unwrap();
         eprintln!("generate {t_gen:.2} s, step {:.2} s", t1.elapsed().as_secs_f64());
     }
 }

@@ -266,8 +266,38 @@ pub struct PipelineRunArgs {
     /// Run as worker I of N processes sharing this run (on one machine or many, e.g. a
     /// Kubernetes Indexed Job or a Slurm array: see deploy/): each plays its shard of
     /// every rollout and evaluation; worker 0 runs the other stages while the rest wait.
-    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    #[arg(long, value_name = "I/N", value_parser = parse_shard, conflicts_with = "ranks")]
     pub worker: Option<petting::store::Shard>,
+    #[command(flatten)]
+    pub ranks: RankArgs,
+}
+
+/// Running as one of N ranks (docs/cluster.md).
+#[derive(Debug, clap::Args)]
+pub struct RankArgs {
+    /// Start N local ranks of this command, as `torchrun --standalone --nproc-per-node N`
+    /// does: each update runs data-parallel over them (c10d: Gloo on CPU), and with
+    /// `pipeline run` each plays its shard of every rollout and evaluation. Under
+    /// torchrun, srun or a PyTorchJob leave it out: the launcher's RANK, WORLD_SIZE,
+    /// MASTER_ADDR and MASTER_PORT say the same.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub ranks: Option<u32>,
+    /// How long the ranks wait for each other to join.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub rendezvous_timeout: u64,
+    /// How long a rank waits in one collective (an all-reduce) for the others.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub collective_timeout: u64,
+}
+
+impl RankArgs {
+    pub fn timeouts(&self) -> petting::ranks::Timeouts {
+        use std::time::Duration;
+        petting::ranks::Timeouts {
+            rendezvous: Duration::from_secs(self.rendezvous_timeout),
+            collective: Duration::from_secs(self.collective_timeout),
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -288,6 +318,9 @@ pub struct StageArgs {
     /// together write what one unsharded stage writes.
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<petting::store::Shard>,
+    /// Ranks, for `update`.
+    #[command(flatten)]
+    pub ranks: RankArgs,
 }
 
 fn parse_shard(text: &str) -> Result<petting::store::Shard, String> {

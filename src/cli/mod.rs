@@ -10,6 +10,7 @@ mod init;
 mod model;
 mod pipeline;
 mod progress;
+mod ranks;
 mod report;
 mod runs;
 mod schema;

@@ -3,25 +3,49 @@ use petting::pipeline::{self, driver};
 use petting::store::{RunStore, Stage};
 
 use super::args::{Format, PipelinePlanArgs, PipelineRunArgs};
+use super::ranks::{Role, join, role};
 
 pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
+    let world = match role(&args.ranks)? {
+        Role::Launched => return Ok(()),
+        Role::Rank(world) if args.worker.is_some() => {
+            anyhow::bail!("--worker: rank {} of {} is a worker already (rank r of N plays shard r/N)", world.rank, world.size)
+        }
+        Role::Rank(world) => Some(world),
+        Role::Alone => None,
+    };
     let draft = config::read(&args.config, &args.overrides)?;
-    for renamed in draft.renamed() {
-        eprintln!("warning: {}: {renamed}", args.config.display());
+    // Rank 0 speaks for all.
+    let speaks = world.as_ref().is_none_or(|w| w.rank == 0);
+    let print = &mut |event: driver::Event| if speaks { print(event) };
+    if speaks {
+        for renamed in draft.renamed() {
+            eprintln!("warning: {}: {renamed}", args.config.display());
+        }
     }
-    let options = driver::Options {
+    let mut options = driver::Options {
         from: args.from.clone(),
         allow_config_change: args.allow_config_change,
         until: args.until.clone(),
         worker: args.worker,
+        ranks: None,
     };
-    let opened = driver::open(draft, &options, &mut print).await?;
+    let opened = driver::open(draft, &options, print).await?;
     let (store, config) = (&opened.store, &opened.config);
-    println!("run {} ({}), config sha256 {}", store.url(), config.run_name(), &config.sha256()[..12]);
+    if let Some(world) = &world {
+        let digest = format!("config {} of run {}", &config.sha256()[..12], store.url());
+        options.ranks = Some(join(world, &digest, &args.ranks)?);
+    }
+    if speaks {
+        println!("run {} ({}), config sha256 {}", store.url(), config.run_name(), &config.sha256()[..12]);
+    }
     if let Some(worker) = args.worker {
         println!("worker {} of {}", worker.index, worker.count);
     }
-    driver::run(&opened, &options, &*super::progress::for_stderr(), &mut print).await?;
+    if let Some(world) = world.as_ref().filter(|_| speaks) {
+        println!("{} ranks: each update data-parallel over all, rollouts and evaluations in {} shards", world.size, world.size);
+    }
+    driver::run(&opened, &options, &*super::progress::for_stderr(), print).await?;
     Ok(())
 }
 

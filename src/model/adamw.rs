@@ -323,6 +323,48 @@ impl AdamW {
         StepChange { relative: if norm > 0.0 { (moved / norm).sqrt() } else { 0.0 } }
     }
 
+    /// Replaces the step's gradients by `sum` of them over the ranks of a data-parallel
+    /// update: the float32 gradients (zeros for a weight this rank's micro-batches did
+    /// not reach) flattened into buckets of about [`BUCKET_BYTES`] in the weights' name
+    /// order, as DDP's reducer flattens them, each summed in place.
+    pub fn reduce_gradients(&mut self, sum: &mut dyn FnMut(&Tensor) -> Result<()>) -> Result<()> {
+        let gradients: Vec<Tensor> = tch::no_grad(|| {
+            self.params
+                .iter()
+                .map(|p| p.gradient().unwrap_or_else(|| Tensor::zeros(p.weight.size(), (Kind::Float, p.weight.device()))))
+                .collect()
+        });
+        self.zero_grad();
+        let mut start = 0;
+        while start < gradients.len() {
+            let end = bucket_end(&gradients, start);
+            let flat = tch::no_grad(|| Tensor::cat(&gradients[start..end].iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0));
+            sum(&flat)?;
+            let mut offset = 0;
+            for (p, g) in self.params[start..end].iter_mut().zip(&gradients[start..end]) {
+                let n = g.numel() as i64;
+                p.grad_sum = Some(flat.narrow(0, offset, n).view(g.size().as_slice()));
+                offset += n;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// sha256 over the trainable weights (names, shapes, dtypes and bytes), as the ranks
+    /// of a data-parallel update compare them.
+    pub fn weights_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        for p in &self.params {
+            let bytes = Vec::<u8>::try_from(p.weight.detach().to_device(tch::Device::Cpu).contiguous().view_dtype(Kind::Uint8).reshape([-1]))
+                .expect("a weight's bytes");
+            hasher.update(format!("{} {:?} {:?} {}\n", p.name, p.weight.size(), p.weight.kind(), bytes.len()));
+            hasher.update(&bytes);
+        }
+        format!("{:x}", hasher.finalize())
+    }
+
     /// The state to save with the checkpoint, on the CPU.
     pub fn state(&self) -> AdamWState {
         let mut tensors = BTreeMap::new();
@@ -336,6 +378,25 @@ impl AdamW {
         }
         AdamWState { step: self.step, tensors }
     }
+}
+
+/// The gradient bucket size of a data-parallel update: DDP's default.
+pub const BUCKET_BYTES: usize = 25 << 20;
+
+/// The end of the bucket that starts at gradient `start`: as many gradients as fit in
+/// [`BUCKET_BYTES`] of float32, one at least.
+fn bucket_end(gradients: &[Tensor], start: usize) -> usize {
+    let mut bytes = 0;
+    let mut end = start;
+    while end < gradients.len() {
+        let size = gradients[end].numel() * 4;
+        if end > start && bytes + size > BUCKET_BYTES {
+            break;
+        }
+        bytes += size;
+        end += 1;
+    }
+    end
 }
 
 impl Drop for AdamW {

@@ -55,7 +55,7 @@ pub use lora::{ALL_LINEAR, LoraConfig};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;
-pub use trainer::{PpoClip, StepResult, Trainer};
+pub use trainer::{PpoClip, StepResult, Totals, Trainer};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
     weights_digest, write_safetensors, write_weights,
@@ -91,6 +91,8 @@ pub enum Error {
     Torch { context: String, source: tch::TchError },
     #[error("{reason}")]
     Device { reason: String },
+    #[error(transparent)]
+    Ranks(#[from] crate::ranks::Error),
     #[error("out of memory while {during}: {detail}")]
     OutOfMemory { during: String, detail: String },
     #[error(

@@ -7,12 +7,14 @@
 //! same on tensors, and a test keeps the two equal.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
 use super::adamw::{AdamW, AdamWState, OptimizerConfig};
 use super::{LanguageModel, MicroBatch, MicroBatching, Result, ScoreRequest};
 use crate::algo::loss::{Aggregation, LOG_RATIO_LIMIT};
+use crate::ranks::Ranks;
 
 /// The PPO-clip objective's settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,10 +42,22 @@ pub struct StepResult {
     pub skipped: bool,
 }
 
-/// AdamW over a policy's trainable variables: one adapter's for LoRA, else the whole model's.
+/// What the loss of one step is normalised by: the whole mini-batch's trained tokens
+/// and sequences, also when each rank of a data-parallel update trains a shard of it
+/// (a rank's own mean would weight its tokens by the size of its shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    pub tokens: usize,
+    pub sequences: usize,
+}
+
+/// AdamW over a policy's trainable variables: one adapter's for LoRA, else the whole
+/// model's; with ranks, every step sums the gradients and the loss over them first, so
+/// that each rank takes the same step.
 pub struct Trainer {
     optimizer: AdamW,
     grad_clip: f64,
+    ranks: Option<Arc<Ranks>>,
 }
 
 impl Trainer {
@@ -55,13 +69,14 @@ impl Trainer {
         config: &OptimizerConfig,
         grad_clip: f64,
         state: Option<AdamWState>,
+        ranks: Option<Arc<Ranks>>,
     ) -> Result<Trainer> {
         let vs = match adapter {
             Some(name) => model.adapter_var_store(name)?,
             None => model.var_store(),
         };
         let weights: HashMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        Ok(Trainer { optimizer: AdamW::new(weights, config, state)?, grad_clip })
+        Ok(Trainer { optimizer: AdamW::new(weights, config, state)?, grad_clip, ranks })
     }
 
     /// Optimiser steps taken so far, across every version this state continues.
@@ -72,6 +87,11 @@ impl Trainer {
     /// Names of the trainable weights holding a NaN or an infinity.
     pub fn non_finite_weights(&self) -> Vec<String> {
         self.optimizer.non_finite_weights()
+    }
+
+    /// sha256 of the trainable weights, which the ranks of an update compare.
+    pub fn weights_digest(&self) -> String {
+        self.optimizer.weights_digest()
     }
 
     /// The optimiser state to save with the new checkpoint.
@@ -99,7 +119,7 @@ impl Trainer {
             loss += value.double_value(&[]);
             Ok(value)
         })?;
-        Ok(self.step(lr, logprobs, loss, tokens))
+        self.step(lr, logprobs, loss, tokens)
     }
 
     /// A PPO-clip step on `batch`, whose request i has the old logprobs `old[i]` and the
@@ -107,6 +127,8 @@ impl Trainer {
     /// request, forwarded with its group but out of the loss and of its token count.
     /// Without `old`, the weights are the old policy's and the step's own forward gives
     /// the old logprobs (every ratio exactly 1), which saves a forward of the batch.
+    /// `batch` is this rank's shard of a mini-batch of `totals` (the whole of it
+    /// without ranks: [`Totals::of`]).
     #[allow(clippy::too_many_arguments)]
     pub fn ppo_step(
         &mut self,
@@ -115,17 +137,20 @@ impl Trainer {
         old: Option<&[&[f32]]>,
         sampled: &[&[f32]],
         advantages: &[Option<f64>],
+        totals: Totals,
         clip: PpoClip,
         micro: MicroBatching,
         seed: u64,
         lr: f64,
     ) -> Result<StepResult> {
-        let trained = || batch.iter().zip(advantages).filter(|(_, a)| a.is_some());
-        let tokens: usize = trained().map(|(r, _)| r.response_ids.len()).sum();
-        let weight = clip.aggregation.token_weight(tokens, trained().count());
+        let weight = clip.aggregation.token_weight(totals.tokens, totals.sequences);
         let device = model.device();
         self.optimizer.zero_grad();
         let mut loss = 0.0;
+        if batch.is_empty() {
+            // A rank with no share of this mini-batch still sums its (zero) gradients.
+            return self.step(lr, Vec::new(), loss, totals.tokens);
+        }
         let optimizer = &mut self.optimizer;
         let logprobs = model.backward(batch, &micro, seed, &mut |mb: &MicroBatch| {
             optimizer.accumulate();
@@ -149,24 +174,43 @@ impl Trainer {
             loss += value.double_value(&[]);
             Ok(value)
         })?;
-        Ok(self.step(lr, logprobs, loss, tokens))
+        self.step(lr, logprobs, loss, totals.tokens)
     }
 
     /// Takes the optimiser step at `lr` on the accumulated gradients, clipped to a global
     /// norm of `grad_clip`; or, when the loss or the gradient norm is not finite (a NaN
     /// would reach the moments and the float32 masters, and stay there) or no token was
     /// trained (AdamW's momentum would still move the weights), drops the gradients and
-    /// takes none.
-    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64, trained_tokens: usize) -> StepResult {
+    /// takes none. With ranks, the gradients and the loss are first summed over them, so
+    /// every rank decides alike and steps alike.
+    fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64, trained_tokens: usize) -> Result<StepResult> {
         self.optimizer.accumulate();
+        let loss = match &self.ranks {
+            Some(ranks) => {
+                self.optimizer.reduce_gradients(&mut |bucket| Ok(ranks.sum(bucket, "the gradients' all-reduce")?))?;
+                let total = Tensor::from_slice(&[loss]);
+                ranks.sum(&total, "the loss's all-reduce")?;
+                total.double_value(&[0])
+            }
+            None => loss,
+        };
         let grad_norm = self.optimizer.grad_norm();
         if !(loss.is_finite() && grad_norm.is_finite()) || trained_tokens == 0 {
             self.optimizer.zero_grad();
-            return StepResult { logprobs, loss, grad_norm, weights_change: 0.0, skipped: true };
+            return Ok(StepResult { logprobs, loss, grad_norm, weights_change: 0.0, skipped: true });
         }
         let clip = clip_factor(self.grad_clip, grad_norm);
         let change = self.optimizer.step(lr, clip);
-        StepResult { logprobs, loss, grad_norm, weights_change: change.relative, skipped: false }
+        Ok(StepResult { logprobs, loss, grad_norm, weights_change: change.relative, skipped: false })
+    }
+}
+
+impl Totals {
+    /// The trained tokens and sequences of `batch`, whose request i trains when
+    /// `advantages[i]` is some.
+    pub fn of(batch: &[ScoreRequest], advantages: &[Option<f64>]) -> Totals {
+        let trained: Vec<&ScoreRequest> = batch.iter().zip(advantages).filter(|(_, a)| a.is_some()).map(|(r, _)| r).collect();
+        Totals { tokens: trained.iter().map(|r| r.response_ids.len()).sum(), sequences: trained.len() }
     }
 }
 

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::inputs;
@@ -20,6 +21,7 @@ use crate::config::{self, ForkConfig, RunConfig};
 use crate::inspect::summary;
 use crate::policies;
 use crate::progress::Progress;
+use crate::ranks::Ranks;
 use crate::stages::{self, Session, replay, update};
 use crate::store::layout::RUN_CONFIG;
 use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
@@ -79,6 +81,9 @@ pub struct Options {
     pub until: Option<String>,
     /// Run only this worker's part of each stage, waiting for the others' commits.
     pub worker: Option<Shard>,
+    /// The ranks this process joined: each is a worker (rank r of N is worker r/N), and
+    /// all run every update together, data-parallel.
+    pub ranks: Option<Arc<Ranks>>,
 }
 
 /// What happened, for the caller to report.
@@ -179,13 +184,20 @@ pub async fn run(
         events(Event::Resuming { committed: total - pending.len(), total });
     }
     let started = Instant::now();
-    let session = Session::default();
+    let session = Session { ranks: options.ranks.clone(), ..Session::default() };
+    let ranks = options.ranks.as_deref();
+    let worker = options.worker.or(ranks.map(|r| Shard { index: r.rank(), count: r.size() }));
+    let leader = ranks.is_none_or(Ranks::is_leader);
     for &id in pending {
         if options.until.as_deref() == Some(&stop_name(id)) {
             events(Event::StoppedBefore(id));
             return Ok(());
         }
-        let part = options.worker.map_or(Some(id), |worker| super::worker_part(id, worker));
+        let part = match worker {
+            Some(_) if ranks.is_some() && id.stage == Stage::Update && id.iteration.is_some() => Some(id),
+            Some(worker) => super::worker_part(id, worker),
+            None => Some(id),
+        };
         if let Some(part) = part
             && store.marker(&part).await?.is_none()
         {
@@ -200,7 +212,7 @@ pub async fn run(
                 seconds: stage_started.elapsed().as_secs_f64(),
                 elapsed: started.elapsed().as_secs_f64(),
             });
-            if let (Stage::Update, Some(k)) = (id.stage, id.iteration) {
+            if let (Stage::Update, Some(k), true) = (id.stage, id.iteration, leader) {
                 if let Some(retention) = &config.retention {
                     let doomed = policies::doomed_files(&store.markers().await?, retention);
                     let report = store.prune(&doomed, &retention.to_string(), false).await?;
@@ -210,7 +222,7 @@ pub async fn run(
                 events(Event::IterationDone { iteration: k, summary: &summary });
             }
         }
-        if options.worker.is_some() {
+        if worker.is_some() {
             super::wait_until_committed(store, id, Duration::from_millis(500)).await?;
         }
     }

@@ -67,6 +67,15 @@ fn suspects_text(suspects: &[u32]) -> String {
     }
 }
 
+/// The fault tests' way to kill a rank mid-update: `PETTING_KILL_RANK_AT_STEP=R:S` makes
+/// rank R kill itself (SIGKILL, as an OOM killer would) when it begins step S.
+pub fn die_if_told(rank: u32, step: usize) {
+    let Ok(told) = std::env::var("PETTING_KILL_RANK_AT_STEP") else { return };
+    if told == format!("{rank}:{step}") {
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}
+
 /// Where this process stands among the ranks, as the launcher's environment says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct World {
@@ -192,6 +201,19 @@ impl Ranks {
             }
         }
         Ok(())
+    }
+
+    /// Rank 0's `value` of `what` on every rank: rank 0 gives it, the others wait for it.
+    pub fn from_leader(&self, what: &str, value: Option<&str>) -> Result<String, Error> {
+        let n = self.agreements.fetch_add(1, Ordering::Relaxed);
+        let key = format!("petting/leader/{n}");
+        let failed = |source| self.collective_failed(what, source);
+        if let Some(value) = value.filter(|_| self.is_leader()) {
+            self.store.set(&key, value.as_bytes()).map_err(failed)?;
+            return Ok(value.to_string());
+        }
+        let value = self.store.get(&key, self.timeouts.collective).map_err(failed)?;
+        Ok(String::from_utf8_lossy(&value).into_owned())
     }
 
     /// The error of a failed collective, naming the ranks that seem gone: every rank

@@ -23,11 +23,13 @@ use crate::store::{self, CommitInfo, Partition, RunStore, Stage, StageId, Stored
 use crate::tables::TurnRow;
 
 /// What the stages of one process share: the policies kept in memory between them (each
-/// version is loaded once) and the vLLM server the process started for the run, if any.
+/// version is loaded once), the vLLM server the process started for the run, if any,
+/// and the ranks it joined, with which its updates run data-parallel.
 #[derive(Debug, Default)]
 pub struct Session {
     pub policies: Resident,
     pub server: ServerSlot,
+    pub ranks: Option<std::sync::Arc<crate::ranks::Ranks>>,
 }
 
 /// Why a stage could not run.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use petting::model::{
     ChatMessage, Error, GenerationRequest, GenerationSettings, LanguageModel, LoadOptions, MicroBatching,
-    SafetensorsSet, Sampling, SaveAs, ScoreRequest, TemplateOptions,
+    SafetensorsSet, Sampling, SaveAs, ScoreRequest, TemplateOptions, Totals,
 };
 use serde_json::Value;
 use tch::{Kind, Tensor};
@@ -833,7 +833,7 @@ fn sampled_and_trained_logprobs_are_those_of_the_tempered_distribution() {
 /// A trainer for the whole of `policy` at `lr`, no decay.
 fn trainer(policy: &LanguageModel, lr: f64) -> petting::model::Trainer {
     let config = petting::model::OptimizerConfig { lr, weight_decay: 0.0, ..Default::default() };
-    petting::model::Trainer::new(policy, None, &config, 1.0, None).unwrap()
+    petting::model::Trainer::new(policy, None, &config, 1.0, None, None).unwrap()
 }
 
 /// Two responses to one prompt: the fixture's greedy continuation and another.
@@ -875,6 +875,7 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
             Some(&old),
             &sampled,
             &[Some(1.0), Some(-1.0)],
+            Totals::of(&requests, &[Some(1.0), Some(-1.0)]),
             clip,
             micro,
             0,
@@ -916,8 +917,9 @@ fn a_step_with_a_non_finite_loss_is_skipped_and_moves_nothing() {
     let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap: None };
     let mut trainer = trainer(&policy, 1e-3);
     let micro = MicroBatching::new(4096, false);
+    let advantages = [Some(f64::NAN), Some(1.0)];
     let done = trainer
-        .ppo_step(&mut policy, &requests, None, &sampled, &[Some(f64::NAN), Some(1.0)], clip, micro, 0, 1e-3)
+        .ppo_step(&mut policy, &requests, None, &sampled, &advantages, Totals::of(&requests, &advantages), clip, micro, 0, 1e-3)
         .unwrap();
     assert!(done.skipped, "a NaN advantage makes a NaN loss: {:?}", (done.loss, done.grad_norm));
     assert_eq!((done.weights_change, trainer.steps_taken()), (0.0, 0), "no step was taken");
@@ -950,7 +952,8 @@ fn a_masked_response_trains_as_if_it_were_not_in_the_mini_batch() {
         let sampled = policy.score(requests, 4096).unwrap();
         let sampled: Vec<&[f32]> = sampled.iter().map(Vec::as_slice).collect();
         let mut trainer = trainer(&policy, 1e-3);
-        trainer.ppo_step(&mut policy, requests, None, &sampled, advantages, clip, micro, 0, 1e-3).unwrap();
+        let totals = Totals::of(requests, advantages);
+        trainer.ppo_step(&mut policy, requests, None, &sampled, advantages, totals, clip, micro, 0, 1e-3).unwrap();
         drop(trainer);
         policy.score(&two_responses(case), 4096).unwrap()
     };

@@ -57,19 +57,19 @@ update: {{mini_batch_sequences: 5, micro_batch_tokens: 64}}
     ))
 }
 
-struct Run {
+pub(crate) struct Run {
     _dir: tempfile::TempDir,
-    path: PathBuf,
-    store: RunStore,
-    config: RunConfig,
+    pub(crate) path: PathBuf,
+    pub(crate) store: RunStore,
+    pub(crate) config: RunConfig,
 }
 
-fn new_run() -> Run {
+pub(crate) fn new_run() -> Run {
     new_run_with(|file| file)
 }
 
 /// `new_run` with keys of its run file set by `set`.
-fn new_run_with(set: impl FnOnce(RunFile) -> RunFile) -> Run {
+pub(crate) fn new_run_with(set: impl FnOnce(RunFile) -> RunFile) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run");
     std::fs::create_dir_all(&path).unwrap();
@@ -82,7 +82,7 @@ fn new_run_with(set: impl FnOnce(RunFile) -> RunFile) -> Run {
 
 /// How a synthetic rollout departs from an honest one.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Tamper {
+pub(crate) enum Tamper {
     None,
     /// The marker records other weights for tool_p than its latest checkpoint.
     WeightsHash,
@@ -190,7 +190,7 @@ fn turn(
 
 /// Commits a rollout of `iteration` sampled (scored) by the latest checkpoints, then
 /// runs the real group and advantage stages.
-async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
+pub(crate) async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
     // The policies advance together: one latest version for all.
     let version = policies::latest(&run.store, "plan_p").await.unwrap().unwrap().version;
     let mut loaded = policies::load_all(&run.store, &run.config, version).await.unwrap();
@@ -256,7 +256,7 @@ fn assert_nothing_committed(run: &Run, iteration: u32, orphans_under: Option<&st
     });
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();

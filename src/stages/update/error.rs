@@ -7,6 +7,10 @@ use crate::schema::Table;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The ranks of a data-parallel update could not stay together.
+    #[error(transparent)]
+    Ranks(#[from] crate::ranks::Error),
+
     #[error("policy {policy:?} has no committed checkpoint; commit v0 first (the run-level update, `initialise`)")]
     NoCheckpoint { policy: String },
 

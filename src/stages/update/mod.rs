@@ -23,6 +23,13 @@
 //!    3. one marker: the checkpoints v(k+1), the updates table, the versions used
 //! ```
 //!
+//! With ranks (`Session::ranks`: `--ranks N`, torchrun, srun; crate::ranks), every rank
+//! makes the same checks and training sets, trains its shard of each mini-batch with
+//! the gradients summed over all (data_parallel.rs, ppo.rs), and the ranks compare their
+//! new weights; only then does rank 0 write and commit, and the others return its
+//! marker. A rank that fails fails the others at their next collective: nothing is
+//! committed.
+//!
 //! The recomputed logprobs are the PPO "old" logprobs: on-policy they equal the sampled
 //! ones up to numerics (bf16 sampling vs f32 training, batching), and using them makes
 //! the first step's ratio exactly 1. Sample order is a seeded shuffle keyed by (run
@@ -44,18 +51,21 @@
 //! entropy would need the (N, V) logits the training forward avoids. SFT rows record 0.
 
 mod checks;
+mod data_parallel;
 mod error;
 mod initialise;
 mod memory;
 mod ppo;
 mod warm_start;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::RunConfig;
 use crate::model::AdamWState;
 use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
+use crate::ranks::Ranks;
 use crate::schema::Table;
 use crate::store::{CommitInfo, CommitMarker, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{self, SampleRow, TurnRow};
@@ -101,6 +111,8 @@ pub async fn run(
         }
         optimizers.push(policies::optimizer_file(store, &markers, &set.name, set.current.version).await?);
     }
+    let ranks = session.ranks.as_ref();
+    let leader = ranks.is_none_or(|r| r.is_leader());
     let mut loaded = session.policies.take(store, config, iteration).await?;
     let mut writer = store.begin(stage);
     let (mut rows, mut gaps, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -109,14 +121,22 @@ pub async fn run(
         hold_only(&mut loaded, store, config, &markers, &set.name, iteration).await?;
         let optimizer = optimizer.map(|path| AdamWState::load(&path)).transpose()?;
         let started = Instant::now();
-        let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, progress)?;
+        let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, ranks, progress)?;
         model_seconds += started.elapsed().as_secs_f64();
+        if !leader {
+            continue;
+        }
         rows.extend(trained.steps);
         gaps.extend(trained.gaps);
         let checkpoint = policies::save(&mut writer, &mut loaded, &set.name, iteration + 1, optimizer.as_ref()).await?;
         loaded.advance(&set.name, iteration + 1, checkpoint.weights_sha256.clone());
         saved.push(checkpoint);
         used.push(set.current);
+    }
+    if let Some(ranks) = ranks.filter(|_| !leader) {
+        // The policies in memory are not what a marker names: none is kept.
+        ranks.from_leader("the commit", None).map_err(Error::from)?;
+        return Ok(store.marker(&stage).await?.expect("rank 0 committed the update").marker);
     }
     if !rows.is_empty() {
         let batch = tables::to_batch(&rows).map_err(|source| super::Error::Encode { table: Table::Updates, source })?;
@@ -131,7 +151,25 @@ pub async fn run(
         CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
     let marker = writer.finish().commit(info).await?;
     session.policies.give_back(loaded);
+    if let Some(ranks) = ranks {
+        ranks.from_leader("the commit", Some(&stage.to_string())).map_err(Error::from)?;
+    }
     Ok(marker)
+}
+
+/// What the ranks of iteration `iteration`'s update compare when they meet: the run's
+/// config and the committed inputs they train on.
+pub async fn rendezvous_digest(store: &RunStore, config: &RunConfig, iteration: u32) -> Result<String, super::Error> {
+    use sha2::{Digest, Sha256};
+    let stage = StageId::at(Stage::Update, iteration);
+    let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
+    let advantage = inputs(store, stage, Stage::Advantage, iteration).await?;
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{} {stage}\n", config.sha256()));
+    for marker in rollout.iter().chain(&advantage) {
+        hasher.update(format!("{} {}\n", marker.path, marker.sha256));
+    }
+    Ok(format!("config {} and inputs {:.12x}", &config.sha256()[..12], hasher.finalize()))
 }
 
 /// Leaves `name`'s model the only one in memory: another role's full model is dropped
@@ -159,6 +197,7 @@ fn train_policy(
     set: &TrainingSet,
     iteration: u32,
     optimizer: Option<AdamWState>,
+    ranks: Option<&Arc<Ranks>>,
     progress: &dyn Progress,
 ) -> Result<(Trained, Option<AdamWState>), super::Error> {
     let stage = StageId::at(Stage::Update, iteration);
@@ -167,7 +206,7 @@ fn train_policy(
     let adapter = adapter.map(str::to_owned);
     let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));
     phase(progress, &label, steps, "steps", || {
-        tokio::task::block_in_place(|| train_ppo(model, adapter.as_deref(), set, &settings, optimizer, progress))
+        tokio::task::block_in_place(|| train_ppo(model, adapter.as_deref(), set, &settings, optimizer, ranks, progress))
     })
     .map_err(|e| e.out_of_memory_in(stage, Some(&set.name), &memory_knob(&config.update)))
 }

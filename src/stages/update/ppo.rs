@@ -1,5 +1,6 @@
 //! One policy's PPO-clip steps over its samples, and the `updates` rows they record.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::algo::Truncated;
@@ -7,15 +8,17 @@ use crate::algo::loss::{ppo_clip_loss, truncated_importance_weight};
 use crate::algo::stats::{mean_max, mismatch};
 use crate::config::RunConfig;
 use crate::model::{
-    AdamWState, LanguageModel, MicroBatching, OptimizerConfig, PpoClip, ScoreRequest, StepResult, Trainer,
+    AdamWState, LanguageModel, MicroBatching, OptimizerConfig, PpoClip, ScoreRequest, StepResult, Totals, Trainer,
     prompt_groups,
 };
 use crate::progress::Progress;
+use crate::ranks::Ranks;
 use crate::rng::{Key, name_key, permutation, stream};
 use crate::tables::{LogprobGapRow, UpdateRow};
 
 use super::Error;
 use super::checks::{Sequence, TrainingSet};
+use super::data_parallel::{gather, shard};
 use super::memory::micro_batching;
 
 /// What a PPO update of one policy runs with.
@@ -90,12 +93,17 @@ pub(super) struct Trained {
 /// exactly 1), unless LoRA dropout makes that forward noisy; the others' from a no-grad
 /// pass before the first step. Their drift from the sampled logprobs is checked after
 /// the first step, before anything is written.
+///
+/// With `ranks`, each rank forwards its shard of every mini-batch and of the no-grad
+/// pass (data_parallel.rs), the trainer sums the gradients over the ranks, and every
+/// rank ends with the same weights, which they compare.
 pub(super) fn train_ppo(
     model: &mut LanguageModel,
     adapter: Option<&str>,
     set: &TrainingSet,
     settings: &PpoSettings,
     optimizer: Option<AdamWState>,
+    ranks: Option<&Arc<Ranks>>,
     progress: &dyn Progress,
 ) -> Result<(Trained, Option<AdamWState>), super::super::Error> {
     let sequences = &set.sequences;
@@ -116,38 +124,54 @@ pub(super) fn train_ppo(
     // The old logprobs: the first step's samples get theirs from that step's own forward
     // when it can give them, every other sample from a no-grad pass now.
     let from_own_forward = if settings.reuse_first_forward { steps[0].len() } else { 0 };
+    let (world, rank) = ranks.map_or((1, 0), |r| (r.size(), r.rank()));
+    let lengths = |i: usize| requests[i].response_ids.len();
     let mut old = vec![Vec::new(); sequences.len()];
     let scored = &epochs[0][from_own_forward..];
-    let scored_requests: Vec<ScoreRequest> = scored.iter().map(|&i| requests[i].clone()).collect();
-    for (&i, logprobs) in scored.iter().zip(model.score_batched(&scored_requests, &settings.micro)?) {
+    let my_scored = shard(scored, &requests, world, rank);
+    let scored_requests: Vec<ScoreRequest> = my_scored.iter().map(|&i| requests[i].clone()).collect();
+    let scored_logprobs = model.score_batched(&scored_requests, &settings.micro)?;
+    let scored_logprobs = gather(ranks, scored, &lengths, &my_scored, scored_logprobs, "the old logprobs' gather")
+        .map_err(Error::from)?;
+    for (&i, logprobs) in scored.iter().zip(scored_logprobs) {
         old[i] = logprobs;
     }
 
-    let mut trainer = Trainer::new(model, adapter, settings.optimizer, settings.grad_clip, optimizer)?;
+    let mut trainer = Trainer::new(model, adapter, settings.optimizer, settings.grad_clip, optimizer, ranks.cloned())?;
     let total = schedule_length(trainer.steps_taken(), steps.len() as u64, settings.iterations, settings.iteration);
     let mut rows = Vec::new();
     let mut drift = Vec::new();
     for (step, chunk) in steps.into_iter().enumerate() {
+        if ranks.is_some() {
+            crate::ranks::die_if_told(rank, step);
+        }
         let start = Instant::now();
         let own_forward = step == 0 && from_own_forward > 0;
-        let batch: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
-        let old_batch: Vec<&[f32]> = chunk.iter().map(|&i| old[i].as_slice()).collect();
-        let sampled: Vec<&[f32]> = chunk.iter().map(|&i| sequences[i].sampled.as_slice()).collect();
-        let advantages: Vec<Option<f64>> = chunk.iter().map(|&i| settings.trained_advantage(&sequences[i])).collect();
+        let advantage = |i: usize| settings.trained_advantage(&sequences[i]);
+        let whole: Vec<ScoreRequest> = chunk.iter().map(|&i| requests[i].clone()).collect();
+        let totals = Totals::of(&whole, &chunk.iter().map(|&i| advantage(i)).collect::<Vec<_>>());
+        let mine = shard(chunk, &requests, world, rank);
+        let batch: Vec<ScoreRequest> = mine.iter().map(|&i| requests[i].clone()).collect();
+        let old_batch: Vec<&[f32]> = mine.iter().map(|&i| old[i].as_slice()).collect();
+        let sampled: Vec<&[f32]> = mine.iter().map(|&i| sequences[i].sampled.as_slice()).collect();
+        let advantages: Vec<Option<f64>> = mine.iter().map(|&i| advantage(i)).collect();
         let lr = settings.optimizer.learning_rate(trainer.steps_taken(), total);
         let seed = stream(&[settings.seed, Key::PPO, step as u64]);
         let old_given = (!own_forward).then_some(old_batch.as_slice());
-        let done = trainer.ppo_step(
+        let mut done = trainer.ppo_step(
             model,
             &batch,
             old_given,
             &sampled,
             &advantages,
+            totals,
             settings.clip,
             settings.micro,
             seed,
             lr,
         )?;
+        done.logprobs = gather(ranks, chunk, &lengths, &mine, std::mem::take(&mut done.logprobs), "the logprobs' gather")
+            .map_err(Error::from)?;
         if own_forward {
             for (&i, logprobs) in chunk.iter().zip(&done.logprobs) {
                 old[i] = logprobs.clone();
@@ -156,12 +180,16 @@ pub(super) fn train_ppo(
         if step == 0 {
             drift = check_drift(set, settings, &old)?;
         }
-        let tokens: usize = batch.iter().map(|r| r.response_ids.len()).sum();
+        let tokens: usize = whole.iter().map(|r| r.response_ids.len()).sum();
         let facts = StepFacts { step: step as u64, done: &done, lr, start };
         rows.push(step_row(settings, set, chunk, &old, &drift, facts));
         progress.advance(1, tokens as u64);
     }
     check_finite(set, settings, &trainer, &rows)?;
+    if let Some(ranks) = ranks {
+        let what = format!("{} v{} weights", set.name, set.current.version + 1);
+        ranks.agree(&what, &trainer.weights_digest()).map_err(Error::from)?;
+    }
     let gaps = gap_rows(set, &old);
     Ok((Trained { steps: rows, gaps }, Some(trainer.state())))
 }

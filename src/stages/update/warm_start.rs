@@ -68,7 +68,7 @@ pub(super) fn train(
         order.extend(permutation(examples.len(), stream(&[seed, cycle])));
     }
     let micro = super::memory::micro_batching(&config.update, model);
-    let mut trainer = Trainer::new(model, None, &warm.optimizer, config.update.grad_clip, None)?;
+    let mut trainer = Trainer::new(model, None, &warm.optimizer, config.update.grad_clip, None, None)?;
     let mut rows = Vec::with_capacity(steps);
     for step in 0..steps {
         let start = Instant::now();
