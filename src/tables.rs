@@ -179,6 +179,10 @@ pub struct UpdateRow {
     /// None for SFT steps and in runs made before the columns existed.
     pub mismatch_fraction: Option<f64>,
     pub mismatch_p95: Option<f64>,
+    /// None for a step of one process, and in runs made before the columns existed.
+    pub ranks: Option<u32>,
+    pub allreduce_bytes: Option<u64>,
+    pub allreduce_seconds: Option<f64>,
     pub seconds: f64,
 }
 impl Row for UpdateRow {

@@ -5,9 +5,9 @@
 //! | 0 | success |
 //! | 1 | the command failed while it ran (I/O, a model, a crashed program, out of memory) |
 //! | 2 | usage: the command line is wrong (clap's status) |
-//! | 3 | refused by a check before anything was changed: an invalid run file, a stage already committed or not ready, a changed config, a corrupt or pruned file, an on-policy check |
+//! | 3 | refused by a check before anything was changed: an invalid run file, a stage already committed or not ready, a changed config, a corrupt or pruned file, an on-policy check, ranks that would run different configs or inputs |
 
-use petting::{config, pipeline, stages, store};
+use petting::{config, pipeline, ranks, stages, store};
 
 const FAILED: u8 = 1;
 const REFUSED: u8 = 3;
@@ -18,8 +18,14 @@ pub fn code(error: &anyhow::Error) -> u8 {
 }
 
 fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
-    if cause.is::<stages::update::Error>() || cause.is::<Refused>() {
+    if let Some(e) = cause.downcast_ref::<stages::update::Error>() {
+        return update_refused(e);
+    }
+    if cause.is::<Refused>() {
         return true;
+    }
+    if let Some(e) = cause.downcast_ref::<ranks::Error>() {
+        return ranks_refused(e);
     }
     // Transparent wrappers hide the error they wrap from the chain: look inside.
     if let Some(e) = cause.downcast_ref::<config::Error>() {
@@ -69,6 +75,20 @@ fn store_refused(e: &store::Error) -> bool {
     )
 }
 
+/// An update's refusals are its checks; ranks that fell apart failed.
+fn update_refused(e: &stages::update::Error) -> bool {
+    match e {
+        stages::update::Error::Ranks(e) => ranks_refused(e),
+        _ => true,
+    }
+}
+
+/// Ranks that disagree on what to run, or a launcher environment that is wrong, are
+/// refused before anything is done; a rank lost on the way is a failure.
+fn ranks_refused(e: &ranks::Error) -> bool {
+    matches!(e, ranks::Error::Differs { .. } | ranks::Error::Env { .. } | ranks::Error::MissingEnv { .. })
+}
+
 fn stage_refused(e: &stages::Error) -> bool {
     use petting::{engine, policies, sql, tasks};
     let wrapped = match e {
@@ -85,9 +105,9 @@ fn stage_refused(e: &stages::Error) -> bool {
     match e {
         stages::Error::NotReady { .. }
         | stages::Error::ShardLayout { .. }
-        | stages::Error::Update(_)
         | stages::Error::Reward { .. }
         | stages::Error::NotFinite { .. } => true,
+        stages::Error::Update(e) => update_refused(e),
         stages::Error::Store(e) => store_refused(e),
         stages::Error::Config(e) => config_refused(e),
         _ => false,

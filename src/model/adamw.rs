@@ -421,6 +421,40 @@ mod tests {
     }
 
     #[test]
+    fn gradients_are_summed_in_buckets_in_name_order_and_step_as_summed() {
+        // A gradient as large as a whole bucket gets one of its own; small ones share.
+        let big = (BUCKET_BYTES / 4) as i64;
+        let sizes = [3i64, big, 2, 5];
+        let grads: Vec<Tensor> = sizes.iter().map(|&n| Tensor::zeros([n], (Kind::Float, tch::Device::Cpu))).collect();
+        assert_eq!((bucket_end(&grads, 0), bucket_end(&grads, 1), bucket_end(&grads, 2)), (1, 2, 4));
+
+        let config = OptimizerConfig { lr: 0.1, weight_decay: 0.0, ..Default::default() };
+        let a = weight(&[1.0, 2.0], Kind::Float);
+        let b = weight(&[3.0], Kind::BFloat16);
+        let weights = HashMap::from([("a".to_string(), a.shallow_clone()), ("b".to_string(), b.shallow_clone())]);
+        let mut adamw = AdamW::new(weights, &config, None).unwrap();
+        set_grad(&a, &[0.5, -1.0]);
+        adamw.accumulate();
+        // `b` got no gradient on this rank: it is summed as zeros. The "other rank" adds 1.
+        let mut seen = Vec::new();
+        adamw
+            .reduce_gradients(&mut |bucket| {
+                seen.push(Vec::<f32>::try_from(bucket).unwrap());
+                let _ = bucket.shallow_clone().g_add_scalar_(1.0);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen, vec![vec![0.5, -1.0, 0.0]], "one bucket, a then b");
+        assert!((adamw.grad_norm() - (1.5f64.powi(2) + 0.0 + 1.0).sqrt()).abs() < 1e-6);
+        let before = adamw.weights_digest();
+        adamw.step(0.1, 1.0);
+        assert_ne!(adamw.weights_digest(), before);
+        // Adam's first step moves each weight by lr against its gradient's sign: 1.5, 0, 1.
+        let a_now = Vec::<f32>::try_from(&a).unwrap();
+        assert!((a_now[0] - 0.9).abs() < 1e-6 && (a_now[1] - 2.0).abs() < 1e-6, "{a_now:?}");
+    }
+
+    #[test]
     fn a_step_matches_adamw_by_hand() {
         let config =
             OptimizerConfig { lr: 0.1, weight_decay: 0.01, betas: [0.9, 0.999], eps: 1e-8, ..Default::default() };

@@ -55,7 +55,7 @@ pub use lora::{ALL_LINEAR, LoraConfig};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;
-pub use trainer::{PpoClip, StepResult, Totals, Trainer};
+pub use trainer::{AllReduce, PpoClip, StepResult, Totals, Trainer};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
     weights_digest, write_safetensors, write_weights,

@@ -40,6 +40,17 @@ pub struct StepResult {
     /// No step was taken, the weights and the optimiser state are as they were: the loss
     /// or the gradient norm was not finite, or no token was trained (all masked).
     pub skipped: bool,
+    /// With ranks: what summing the gradients over them took.
+    pub all_reduce: Option<AllReduce>,
+}
+
+/// One step's gradient all-reduce over the ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllReduce {
+    pub ranks: u32,
+    /// Bytes this rank summed (float32 gradients and the loss).
+    pub bytes: u64,
+    pub seconds: f64,
 }
 
 /// What the loss of one step is normalised by: the whole mini-batch's trained tokens
@@ -185,23 +196,29 @@ impl Trainer {
     /// every rank decides alike and steps alike.
     fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64, trained_tokens: usize) -> Result<StepResult> {
         self.optimizer.accumulate();
-        let loss = match &self.ranks {
+        let (loss, all_reduce) = match &self.ranks {
             Some(ranks) => {
-                self.optimizer.reduce_gradients(&mut |bucket| Ok(ranks.sum(bucket, "the gradients' all-reduce")?))?;
+                let started = std::time::Instant::now();
+                let mut bytes = 0;
+                self.optimizer.reduce_gradients(&mut |bucket| {
+                    bytes += bucket.numel() as u64 * 4;
+                    Ok(ranks.sum(bucket, "the gradients' all-reduce")?)
+                })?;
                 let total = Tensor::from_slice(&[loss]);
                 ranks.sum(&total, "the loss's all-reduce")?;
-                total.double_value(&[0])
+                let seconds = started.elapsed().as_secs_f64();
+                (total.double_value(&[0]), Some(AllReduce { ranks: ranks.size(), bytes: bytes + 8, seconds }))
             }
-            None => loss,
+            None => (loss, None),
         };
         let grad_norm = self.optimizer.grad_norm();
         if !(loss.is_finite() && grad_norm.is_finite()) || trained_tokens == 0 {
             self.optimizer.zero_grad();
-            return Ok(StepResult { logprobs, loss, grad_norm, weights_change: 0.0, skipped: true });
+            return Ok(StepResult { logprobs, loss, grad_norm, weights_change: 0.0, skipped: true, all_reduce });
         }
         let clip = clip_factor(self.grad_clip, grad_norm);
         let change = self.optimizer.step(lr, clip);
-        Ok(StepResult { logprobs, loss, grad_norm, weights_change: change.relative, skipped: false })
+        Ok(StepResult { logprobs, loss, grad_norm, weights_change: change.relative, skipped: false, all_reduce })
     }
 }
 

@@ -203,16 +203,22 @@ impl Ranks {
         Ok(())
     }
 
-    /// Rank 0's `value` of `what` on every rank: rank 0 gives it, the others wait for it.
+    /// Rank 0's `value` of `what` on every rank: rank 0 gives it, the others wait for it,
+    /// and rank 0 returns once all have it (the store it serves ends with it).
     pub fn from_leader(&self, what: &str, value: Option<&str>) -> Result<String, Error> {
         let n = self.agreements.fetch_add(1, Ordering::Relaxed);
         let key = format!("petting/leader/{n}");
+        let heard = |rank: u32| format!("petting/leader/{n}/{rank}");
         let failed = |source| self.collective_failed(what, source);
         if let Some(value) = value.filter(|_| self.is_leader()) {
             self.store.set(&key, value.as_bytes()).map_err(failed)?;
+            for rank in 1..self.size() {
+                self.store.get(&heard(rank), self.timeouts.collective).map_err(failed)?;
+            }
             return Ok(value.to_string());
         }
         let value = self.store.get(&key, self.timeouts.collective).map_err(failed)?;
+        self.store.set(&heard(self.rank()), b"1").map_err(failed)?;
         Ok(String::from_utf8_lossy(&value).into_owned())
     }
 

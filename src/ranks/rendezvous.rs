@@ -19,6 +19,7 @@ pub fn join(world: &World, digest: &str, timeouts: Timeouts) -> Result<Ranks, Er
     let key = |rank: u32| format!("petting/joined/{rank}");
     let lost = |source: C10dError| Error::Unreachable { rank: world.rank, address: address.clone(), seconds, source };
     store.set(&key(world.rank), digest.as_bytes()).map_err(lost)?;
+    let mut differs = None;
     for rank in 0..world.size {
         let left = timeouts.rendezvous.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
         let theirs = match store.get(&key(rank), left) {
@@ -30,8 +31,8 @@ pub fn join(world: &World, digest: &str, timeouts: Timeouts) -> Result<Ranks, Er
             Err(source) => return Err(lost(source)),
         };
         let theirs = String::from_utf8_lossy(&theirs).into_owned();
-        if theirs != digest {
-            return Err(Error::Differs {
+        if theirs != digest && differs.is_none() {
+            differs = Some(Error::Differs {
                 what: "run config and inputs".into(),
                 rank,
                 me: world.rank,
@@ -39,6 +40,19 @@ pub fn join(world: &World, digest: &str, timeouts: Timeouts) -> Result<Ranks, Er
                 ours: digest.to_string(),
             });
         }
+    }
+    // Rank 0 serves the store: it stays until every rank has read every digest, so that
+    // each can tell what differed.
+    let checked = |rank: u32| format!("petting/checked/{rank}");
+    store.set(&checked(world.rank), b"1").map_err(lost)?;
+    if world.rank == 0 {
+        for rank in 1..world.size {
+            let left = timeouts.rendezvous.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
+            store.get(&checked(rank), left).map_err(lost)?;
+        }
+    }
+    if let Some(differs) = differs {
+        return Err(differs);
     }
     let group = ProcessGroup::gloo(&store, &world.master_addr, world.rank, world.size, timeouts.collective)
         .map_err(lost)?;

@@ -7,6 +7,7 @@ mod agent_programs;
 mod architecture;
 mod cli_config;
 mod cli_sql;
+mod data_parallel;
 mod docs;
 mod env_host;
 mod generation;

@@ -375,6 +375,9 @@ fn step_row(
         truncated: Some(truncated as u32),
         mismatch_fraction: Some(mismatch_fraction),
         mismatch_p95: Some(mismatch_p95),
+        ranks: facts.done.all_reduce.map(|a| a.ranks),
+        allreduce_bytes: facts.done.all_reduce.map(|a| a.bytes),
+        allreduce_seconds: facts.done.all_reduce.map(|a| a.seconds),
         seconds: facts.start.elapsed().as_secs_f64(),
     }
 }

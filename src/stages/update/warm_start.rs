@@ -101,6 +101,9 @@ pub(super) fn train(
             truncated: None,
             mismatch_fraction: None,
             mismatch_p95: None,
+            ranks: None,
+            allreduce_bytes: None,
+            allreduce_seconds: None,
             seconds: start.elapsed().as_secs_f64(),
         });
         progress.advance(1, tokens as u64);
