@@ -3,6 +3,7 @@
 // the group cross to Rust as opaque pointers that Rust frees.
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -57,6 +58,15 @@ extern "C" char* petting_store_connect(const char* host, uint16_t port, bool is_
 }
 
 extern "C" void petting_store_free(void* store) { delete static_cast<Store*>(store); }
+
+// The same store with every key under prefix: the keys of a pool's ranks (and of its
+// Gloo group) apart from every other pool's.
+extern "C" char* petting_store_prefixed(void* store, const char* prefix, void** out) {
+    return petting::guarded([&] {
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, static_cast<Store*>(store)->store);
+        *out = new Store{prefixed};
+    });
+}
 
 extern "C" char* petting_store_set(void* store, const char* key, const uint8_t* data, size_t len) {
     return petting::guarded([&] {

@@ -403,6 +403,10 @@ pub struct ConfigArgs {
     /// Set a key of the file as `pipeline run --set` does, to check the variant it would run.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<petting::config::Override>,
+    /// Check it for a run of N ranks (`--ranks N`, torchrun, srun): its pools must add
+    /// up to N.
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<u32>,
 }
 
 #[derive(Debug, clap::Args)]

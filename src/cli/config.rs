@@ -20,6 +20,9 @@ pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
         println!("{}: warning: {renamed}", file.display());
     }
     let c = &loaded.config;
+    if let Some(ranks) = args.ranks {
+        super::ranks::check_pools(c, ranks, file)?;
+    }
     let agents: Vec<String> = c.agents.iter().map(|(role, a)| format!("{role} -> {}", a.policy)).collect();
     println!(
         "{}: ok: {} played by {:?} ({}), {} train and {} test tasks, {} iterations of {} tasks x K={}, store {}, \

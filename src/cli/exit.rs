@@ -84,9 +84,16 @@ fn update_refused(e: &stages::update::Error) -> bool {
 }
 
 /// Ranks that disagree on what to run, or a launcher environment that is wrong, are
-/// refused before anything is done; a rank lost on the way is a failure.
+/// refused before anything is done, as is a local rank that was; a rank lost on the way
+/// is a failure.
 fn ranks_refused(e: &ranks::Error) -> bool {
-    matches!(e, ranks::Error::Differs { .. } | ranks::Error::Env { .. } | ranks::Error::MissingEnv { .. })
+    matches!(
+        e,
+        ranks::Error::Differs { .. }
+            | ranks::Error::Env { .. }
+            | ranks::Error::MissingEnv { .. }
+            | ranks::Error::RankFailed { code: Some(3), .. }
+    )
 }
 
 fn stage_refused(e: &stages::Error) -> bool {

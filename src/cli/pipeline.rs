@@ -9,7 +9,11 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let world = match role(&args.ranks)? {
         Role::Launched => return Ok(()),
         Role::Rank(world) if args.worker.is_some() => {
-            anyhow::bail!("--worker: rank {} of {} is a worker already (rank r of N plays shard r/N)", world.rank, world.size)
+            anyhow::bail!(
+                "--worker: rank {} of {} is a worker already (rank r of N plays shard r/N)",
+                world.rank,
+                world.size
+            )
         }
         Role::Rank(world) => Some(world),
         Role::Alone => None,
@@ -17,7 +21,11 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let draft = config::read(&args.config, &args.overrides)?;
     // Rank 0 speaks for all.
     let speaks = world.as_ref().is_none_or(|w| w.rank == 0);
-    let print = &mut |event: driver::Event| if speaks { print(event) };
+    let print = &mut |event: driver::Event| {
+        if speaks {
+            print(event)
+        }
+    };
     if speaks {
         for renamed in draft.renamed() {
             eprintln!("warning: {}: {renamed}", args.config.display());
@@ -33,6 +41,7 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let opened = driver::open(draft, &options, print).await?;
     let (store, config) = (&opened.store, &opened.config);
     if let Some(world) = &world {
+        super::ranks::check_pools(config, world.size, &args.config)?;
         let digest = format!("config {} of run {}", &config.sha256()[..12], store.url());
         options.ranks = Some(join(world, &digest, &args.ranks)?);
     }
@@ -43,7 +52,10 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
         println!("worker {} of {}", worker.index, worker.count);
     }
     if let Some(world) = world.as_ref().filter(|_| speaks) {
-        println!("{} ranks: each update data-parallel over all, rollouts and evaluations in {} shards", world.size, world.size);
+        println!(
+            "{} ranks: each update data-parallel over all, rollouts and evaluations in {} shards",
+            world.size, world.size
+        );
     }
     driver::run(&opened, &options, &*super::progress::for_stderr(), print).await?;
     Ok(())

@@ -4,8 +4,10 @@
 //! line with that environment (ranks::launch), as torchrun would; each copy sees it and
 //! joins the others instead.
 
+use std::path::Path;
 use std::sync::Arc;
 
+use petting::config::RunConfig;
 use petting::ranks::{self, Ranks, World};
 
 use super::args::RankArgs;
@@ -44,4 +46,14 @@ pub fn join(world: &World, digest: &str, args: &RankArgs) -> anyhow::Result<Arc<
         super::progress::hide();
     }
     Ok(Arc::new(ranks::join(world, digest, args.timeouts())?))
+}
+
+/// An error unless the run's pools add up to `ranks` ranks (`file` is where it says so).
+pub fn check_pools(config: &RunConfig, ranks: u32, file: &Path) -> anyhow::Result<()> {
+    petting::config::pools::check_world(&config.pools, ranks).map_err(|invalid| petting::config::Error::Invalid {
+        file: file.to_path_buf(),
+        key: invalid.key,
+        message: invalid.message,
+    })?;
+    Ok(())
 }

@@ -37,6 +37,11 @@ pub async fn run(args: StageArgs) -> anyhow::Result<()> {
         per_iteration => {
             let id = at(per_iteration.stage())?;
             if let Role::Rank(world) = &role {
+                super::ranks::check_pools(
+                    &config,
+                    world.size,
+                    std::path::Path::new(&format!("{}/run.yaml", store.url())),
+                )?;
                 let digest = update::rendezvous_digest(&store, &config, id.iteration.expect("per iteration")).await?;
                 session.ranks = Some(join(world, &digest, &args.ranks)?);
             }

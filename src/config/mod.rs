@@ -32,6 +32,7 @@ mod engine;
 mod evaluation;
 mod limits;
 mod policies;
+pub mod pools;
 pub mod reference;
 mod renamed;
 mod rollout;
@@ -42,6 +43,7 @@ pub use engine::{EngineKind, VllmConfig};
 pub use evaluation::{EvalMode, EvaluationConfig};
 pub use limits::Limits;
 pub use policies::{ModelInit, PolicyConfig, Retention};
+pub use pools::PoolConfig;
 pub use renamed::Renamed;
 pub use rollout::{OverlongPrompt, RolloutConfig, RolloutMode, Selection};
 pub use update::{Recompute, UpdateConfig};
@@ -129,6 +131,11 @@ pub struct RunConfig {
     /// host messages.
     #[serde(default, skip_serializing_if = "Limits::is_default")]
     pub limits: Limits,
+    /// Pools of ranks, by name (`policies.<name>.pool` puts a policy in one): with ranks,
+    /// each policy's update runs over its pool's ranks only, every pool at once. Absent:
+    /// every rank trains every policy, one after the other.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pools: BTreeMap<String, PoolConfig>,
 }
 
 /// A stored run and one of its iterations.
@@ -423,6 +430,33 @@ fn absolute(path: &Path) -> PathBuf {
 impl RunConfig {
     /// Every section's own checks, then the rules that span sections. Returns the key
     /// path and the problem.
+    /// Every pool has ranks and policies, and with pools every policy is in one.
+    fn validate_pools(&self) -> Result<(), Invalid> {
+        for (name, pool) in &self.pools {
+            check(pool.ranks >= 1, format!("pools.{name}.ranks"), "must be at least 1")?;
+            check(
+                self.policies.values().any(|p| p.pool.as_deref() == Some(name.as_str())),
+                format!("pools.{name}"),
+                "no policy names this pool (policies.<name>.pool)",
+            )?;
+        }
+        for (name, policy) in &self.policies {
+            let key = format!("policies.{name}.pool");
+            match &policy.pool {
+                Some(pool) => check(
+                    self.pools.contains_key(pool),
+                    key,
+                    format!(
+                        "names no pool; the pools are: {}",
+                        self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                )?,
+                None => check(self.pools.is_empty(), key, "is missing: with pools, every policy is in one")?,
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), Invalid> {
         check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
         self.validate_workflow()?;
@@ -446,6 +480,7 @@ impl RunConfig {
                  warm-started one (--from runs/plan-path@0), or drop lora",
             )?;
         }
+        self.validate_pools()?;
         self.rollout.validate(self.data.train_tasks)?;
         self.algorithm.validate()?;
         self.update.validate()?;

@@ -31,6 +31,9 @@ pub struct PolicyConfig {
     /// AdamW settings.
     #[serde(default)]
     pub optimizer: OptimizerConfig,
+    /// The pool of ranks (`pools.<name>`) whose ranks update this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// Where a policy's v0 weights come from.

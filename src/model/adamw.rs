@@ -331,14 +331,18 @@ impl AdamW {
         let gradients: Vec<Tensor> = tch::no_grad(|| {
             self.params
                 .iter()
-                .map(|p| p.gradient().unwrap_or_else(|| Tensor::zeros(p.weight.size(), (Kind::Float, p.weight.device()))))
+                .map(|p| {
+                    p.gradient().unwrap_or_else(|| Tensor::zeros(p.weight.size(), (Kind::Float, p.weight.device())))
+                })
                 .collect()
         });
         self.zero_grad();
         let mut start = 0;
         while start < gradients.len() {
             let end = bucket_end(&gradients, start);
-            let flat = tch::no_grad(|| Tensor::cat(&gradients[start..end].iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0));
+            let flat = tch::no_grad(|| {
+                Tensor::cat(&gradients[start..end].iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0)
+            });
             sum(&flat)?;
             let mut offset = 0;
             for (p, g) in self.params[start..end].iter_mut().zip(&gradients[start..end]) {
@@ -357,8 +361,10 @@ impl AdamW {
         use sha2::{Digest, Sha256};
         let mut hasher = Sha256::new();
         for p in &self.params {
-            let bytes = Vec::<u8>::try_from(p.weight.detach().to_device(tch::Device::Cpu).contiguous().view_dtype(Kind::Uint8).reshape([-1]))
-                .expect("a weight's bytes");
+            let bytes = Vec::<u8>::try_from(
+                p.weight.detach().to_device(tch::Device::Cpu).contiguous().view_dtype(Kind::Uint8).reshape([-1]),
+            )
+            .expect("a weight's bytes");
             hasher.update(format!("{} {:?} {:?} {}\n", p.name, p.weight.size(), p.weight.kind(), bytes.len()));
             hasher.update(&bytes);
         }

@@ -226,7 +226,8 @@ impl Totals {
     /// The trained tokens and sequences of `batch`, whose request i trains when
     /// `advantages[i]` is some.
     pub fn of(batch: &[ScoreRequest], advantages: &[Option<f64>]) -> Totals {
-        let trained: Vec<&ScoreRequest> = batch.iter().zip(advantages).filter(|(_, a)| a.is_some()).map(|(r, _)| r).collect();
+        let trained: Vec<&ScoreRequest> =
+            batch.iter().zip(advantages).filter(|(_, a)| a.is_some()).map(|(r, _)| r).collect();
         Totals { tokens: trained.iter().map(|r| r.response_ids.len()).sum(), sequences: trained.len() }
     }
 }

@@ -18,6 +18,7 @@ unsafe extern "C" {
         out: *mut *mut c_void,
     ) -> *mut c_char;
     fn petting_store_free(store: *mut c_void);
+    fn petting_store_prefixed(store: *mut c_void, prefix: *const c_char, out: *mut *mut c_void) -> *mut c_char;
     fn petting_store_set(store: *mut c_void, key: *const c_char, data: *const u8, len: usize) -> *mut c_char;
     fn petting_store_get(
         store: *mut c_void,
@@ -90,6 +91,14 @@ impl Store {
         checked(unsafe {
             petting_store_connect(host.as_ptr(), port, serve, i64::from(world), millis(timeout), &mut raw)
         })?;
+        Ok(Store { raw })
+    }
+
+    /// The same store with every key under `prefix`.
+    pub fn prefixed(&self, prefix: &str) -> Result<Store, C10dError> {
+        let mut raw = std::ptr::null_mut();
+        let prefix = c_string(prefix);
+        checked(unsafe { petting_store_prefixed(self.raw, prefix.as_ptr(), &mut raw) })?;
         Ok(Store { raw })
     }
 

@@ -76,7 +76,7 @@ fn wait_all(mut children: Vec<Child>) -> Result<(), Error> {
     }
     match failed {
         None => Ok(()),
-        Some((rank, status)) => Err(Error::RankFailed { rank, world, status: describe(status) }),
+        Some((rank, status)) => Err(Error::RankFailed { rank, world, status: describe(status), code: status.code() }),
     }
 }
 

@@ -37,7 +37,9 @@ pub enum Error {
     #[error("rank 0 could not serve the rendezvous store at {address}: {source}")]
     Serve { address: String, source: C10dError },
 
-    #[error("rank {rank} could not reach the rendezvous store at {address} (rank 0 serves it) within {seconds} s: {source}")]
+    #[error(
+        "rank {rank} could not reach the rendezvous store at {address} (rank 0 serves it) within {seconds} s: {source}"
+    )]
     Unreachable { rank: u32, address: String, seconds: u64, source: C10dError },
 
     #[error("the rendezvous at {address} timed out after {seconds} s: rank {missing} of a world of {world} never joined", missing = list(missing))]
@@ -50,7 +52,7 @@ pub enum Error {
     Collective { rank: u32, what: String, suspects: Vec<u32>, source: C10dError },
 
     #[error("rank {rank} of {world} failed: {status}")]
-    RankFailed { rank: u32, world: u32, status: String },
+    RankFailed { rank: u32, world: u32, status: String, code: Option<i32> },
 
     #[error("could not start rank {rank}: {source}")]
     Spawn { rank: u32, source: std::io::Error },
@@ -105,7 +107,9 @@ impl World {
         let (size, rank, local_rank, launcher) = match number("WORLD_SIZE", "a number of ranks")? {
             Some(size) => (size, number("RANK", "this process's rank")?, number("LOCAL_RANK", "a rank")?, "torchrun"),
             None => match number("SLURM_NTASKS", "a number of tasks")? {
-                Some(size) => (size, number("SLURM_PROCID", "a task id")?, number("SLURM_LOCALID", "a task id")?, "srun"),
+                Some(size) => {
+                    (size, number("SLURM_PROCID", "a task id")?, number("SLURM_LOCALID", "a task id")?, "srun")
+                }
                 None => return Ok(None),
             },
         };
@@ -146,9 +150,12 @@ impl Default for Timeouts {
     }
 }
 
-/// The ranks this process has joined: their store and their Gloo group.
+/// The ranks this process has joined: their store and their Gloo group. A pool's ranks
+/// are a `Ranks` too, numbered from 0 within the pool.
 pub struct Ranks {
     world: World,
+    /// The world rank of this group's rank 0 (0 but for a pool), for messages.
+    first: u32,
     store: Store,
     group: ProcessGroup,
     timeouts: Timeouts,
@@ -174,6 +181,31 @@ impl Ranks {
     /// The rank that commits what the ranks made together.
     pub fn is_leader(&self) -> bool {
         self.world.rank == 0
+    }
+
+    /// The ranks `members` of this group, as a group of their own named `name`: every
+    /// member calls this (the others need not).
+    pub fn pool(&self, name: &str, members: std::ops::Range<u32>) -> Result<Ranks, Error> {
+        assert!(members.contains(&self.rank()), "rank {} is not in pool {name} ({members:?})", self.rank());
+        let what = format!("pool {name}'s rendezvous");
+        let failed = |source| self.collective_failed(&what, source);
+        let store = self.store.prefixed(&format!("pool/{name}/")).map_err(failed)?;
+        let world = World { rank: self.rank() - members.start, size: members.len() as u32, ..self.world.clone() };
+        let group = ProcessGroup::gloo(&store, &world.master_addr, world.rank, world.size, self.timeouts.collective)
+            .map_err(failed)?;
+        let first = self.first + members.start;
+        Ok(Ranks { world, first, store, group, timeouts: self.timeouts, agreements: AtomicU64::new(0) })
+    }
+
+    /// Leaves `value` under `key` for any rank to [`Ranks::take`].
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<(), Error> {
+        self.store.set(&format!("petting/put/{key}"), value).map_err(|source| self.collective_failed(key, source))
+    }
+
+    /// The value some rank [`Ranks::put`] under `key`, waiting for it.
+    pub fn take(&self, key: &str) -> Result<Vec<u8>, Error> {
+        let value = self.store.get(&format!("petting/put/{key}"), self.timeouts.collective);
+        value.map_err(|source| self.collective_failed(key, source))
     }
 
     /// Sums `tensor` (contiguous, CPU) over every rank in place; `what` names it in errors.
@@ -245,7 +277,8 @@ impl Ranks {
                 Ok(_) => std::thread::sleep(Duration::from_millis(200)),
             }
         };
-        Error::Collective { rank: self.rank(), what: what.to_string(), suspects, source }
+        let suspects = suspects.into_iter().map(|r| r + self.first).collect();
+        Error::Collective { rank: self.first + self.rank(), what: what.to_string(), suspects, source }
     }
 }
 
@@ -275,8 +308,7 @@ mod tests {
             ("MASTER_PORT", "29500"),
         ])
         .unwrap();
-        let expected =
-            World { rank: 3, size: 4, local_rank: 1, master_addr: "node0".into(), master_port: 29500 };
+        let expected = World { rank: 3, size: 4, local_rank: 1, master_addr: "node0".into(), master_port: 29500 };
         assert_eq!(torchrun, Some(expected.clone()));
         assert_eq!(srun, Some(expected));
     }

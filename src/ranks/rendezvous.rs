@@ -54,9 +54,9 @@ pub fn join(world: &World, digest: &str, timeouts: Timeouts) -> Result<Ranks, Er
     if let Some(differs) = differs {
         return Err(differs);
     }
-    let group = ProcessGroup::gloo(&store, &world.master_addr, world.rank, world.size, timeouts.collective)
-        .map_err(lost)?;
-    Ok(Ranks { world: world.clone(), store, group, timeouts, agreements: Default::default() })
+    let group =
+        ProcessGroup::gloo(&store, &world.master_addr, world.rank, world.size, timeouts.collective).map_err(lost)?;
+    Ok(Ranks { world: world.clone(), first: 0, store, group, timeouts, agreements: Default::default() })
 }
 
 /// The ranks that have not joined.

@@ -193,6 +193,12 @@ impl RunStore {
         StageWriter::new(self, stage)
     }
 
+    /// A writer into another process's attempt `attempt` of `stage`: see
+    /// [`StageWriter::joining`].
+    pub fn join_attempt(&self, stage: StageId, attempt: String) -> StageWriter<'_> {
+        StageWriter::joining(self, stage, attempt)
+    }
+
     /// Creates `run.yaml` if the run has none; returns the stored text either way.
     pub async fn init_config(&self, yaml: &str) -> Result<String> {
         let path = self.path(layout::RUN_CONFIG);

@@ -64,6 +64,26 @@ impl<'a> StageWriter<'a> {
         }
     }
 
+    /// A writer into attempt `attempt` of `stage`, begun by another process (rank 0 of
+    /// an update in pools), which commits it with the files this one wrote
+    /// ([`StageWriter::into_files`], [`StageWriter::adopt`]).
+    pub(crate) fn joining(store: &'a RunStore, stage: StageId, attempt: String) -> StageWriter<'a> {
+        StageWriter { attempt, ..StageWriter::new(store, stage) }
+    }
+
+    /// The files written so far, for the process that commits the attempt.
+    pub fn into_files(self) -> Vec<FileEntry> {
+        self.files
+    }
+
+    /// Counts `files`, written into this attempt by a joining writer, as this writer's.
+    pub fn adopt(&mut self, files: Vec<FileEntry>) {
+        for file in &files {
+            assert!(file.path.contains(&self.attempt), "{} does not carry attempt {}", file.path, self.attempt);
+        }
+        self.files.extend(files);
+    }
+
     /// The id every file of this attempt carries (checkpoint folders include it).
     pub fn attempt(&self) -> &str {
         &self.attempt

@@ -151,7 +151,10 @@ fn a_rank_killed_mid_update_stops_every_rank_commits_nothing_and_the_rerun_compl
     let (ok, stdout, stderr) = output_of(output);
     assert!(!ok, "{stdout}{stderr}");
     assert!(stderr.contains("rank 1 of 2 failed: killed by signal 9"), "{stderr}");
-    assert!(stderr.contains("rank 0:") && stderr.contains("(rank 1 stopped answering)"), "rank 0's own error: {stderr}");
+    assert!(
+        stderr.contains("rank 0:") && stderr.contains("(rank 1 stopped answering)"),
+        "rank 0's own error: {stderr}"
+    );
     assert!(started.elapsed() < Duration::from_secs(120), "{:?}", started.elapsed());
     assert!(committed(&run.path).is_none(), "a half-finished update commits nothing");
 
@@ -227,7 +230,7 @@ fn assert_like_one_process(store: &str, ranks: u32) {
     let updates = "select policy, step, sequences, tokens from updates where iteration = 0 order by 1, 2";
     assert_eq!(crate::pipeline::sql_at(store, updates, "csv"), crate::pipeline::sql_at(&reference, updates, "csv"));
     let shards = "select stage, count(*) from commits where iteration = 0 group by stage, shards order by 1";
-    let commits = crate::pipeline::sql_at(store, &format!("{shards}"), "csv");
+    let commits = crate::pipeline::sql_at(store, shards, "csv");
     let expected = format!("stage,count(*)\nadvantage,1\nevaluate,{ranks}\ngroup,1\nrollout,{ranks}\nupdate,1\n");
     assert_eq!(commits, expected);
 }
@@ -281,7 +284,10 @@ fn the_sbatch_script_starts_its_tasks_as_ranks() {
          SLURM_PROCID=$i SLURM_LOCALID=$((i % 2)) SLURM_NODEID=$((i / 2)) \"$@\" &\n  pids+=($!)\ndone\n\
          status=0\nfor p in \"${pids[@]}\"; do wait \"$p\" || status=1; done\nexit $status\n",
     );
-    script("scontrol", "#!/usr/bin/env bash\n[[ \"$1 $2\" == \"show hostnames\" ]] && printf '127.0.0.1\\n127.0.0.2\\n'\n");
+    script(
+        "scontrol",
+        "#!/usr/bin/env bash\n[[ \"$1 $2\" == \"show hostnames\" ]] && printf '127.0.0.1\\n127.0.0.2\\n'\n",
+    );
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     // The file's allocation: --nodes=2 --ntasks-per-node=2.
     succeeds(
@@ -303,7 +309,8 @@ fn the_sbatch_script_starts_its_tasks_as_ranks() {
 fn a_pytorchjob_starts_its_pods_as_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let (config, store) = tiny_run(dir.path());
-    let manifest = std::fs::read_to_string(crate::support::repo_root().join("deploy/kubernetes/petting-pytorchjob.yaml"));
+    let manifest =
+        std::fs::read_to_string(crate::support::repo_root().join("deploy/kubernetes/petting-pytorchjob.yaml"));
     let manifest: serde_json::Value = serde_saphyr::from_str(&manifest.unwrap()).unwrap();
     let replicas = &manifest["spec"]["pytorchReplicaSpecs"];
     let container = &replicas["Master"]["template"]["spec"]["containers"][0];
@@ -346,4 +353,65 @@ fn a_pytorchjob_starts_its_pods_as_ranks() {
         assert!(ok, "{stdout}{stderr}");
     }
     assert_like_one_process(&store, world as u32);
+}
+
+/// `prepared`, with tool_p (all weights) in pool `tool` and plan_p (LoRA) in pool
+/// `planner`, of `tool` and `planner` ranks.
+fn prepared_in_pools(tool: u32, planner: u32) -> Run {
+    let run = crate::update::new_run_with(|file| {
+        file.set("pools", &format!("{{tool: {{ranks: {tool}}}, planner: {{ranks: {planner}}}}}"))
+            .set("policies.tool_p.pool", "tool")
+            .set("policies.plan_p.pool", "planner")
+    });
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    block_on(rollout(&run, 0, Tamper::None));
+    run
+}
+
+#[test]
+fn two_policies_in_two_pools_update_side_by_side_as_one_process_updates_them() {
+    let run = prepared_in_pools(1, 1);
+    let (_pools_dir, pools) = copy_of(&run);
+    let (_wide_dir, wide) = {
+        let wide = prepared_in_pools(2, 2);
+        let copy = copy_of(&wide);
+        (copy.0, copy.1)
+    };
+    // One process trains both policies in turn (pools place ranks; alone there are none),
+    // on one thread as each of the two ranks does.
+    succeeds(update_at(&run.path).env("OMP_NUM_THREADS", "1"));
+    // Rank 0 trains planner's plan_p while rank 1 trains tool's tool_p.
+    succeeds(update_at(&pools).args(["--ranks", "2"]).env("OMP_NUM_THREADS", "1"));
+    let (largest, _) = difference(&weights(&pools), &weights(&run.path));
+    assert_eq!(largest, 0.0, "a pool of one rank trains as one process does, bit for bit");
+    let (one, side_by_side) = (rows(&run.path), rows(&pools));
+    assert_eq!(
+        side_by_side.iter().map(|r| (&r.policy, r.step)).collect::<Vec<_>>(),
+        one.iter().map(|r| (&r.policy, r.step)).collect::<Vec<_>>()
+    );
+    assert_same_rows(&one, &side_by_side);
+    let policies: Vec<String> = committed(&pools).unwrap().checkpoints.into_iter().map(|c| c.policy).collect();
+    assert_eq!(policies, ["plan_p", "tool_p"], "one marker commits both pools' checkpoints");
+
+    // Pools of two ranks each: every policy data-parallel over its own two.
+    succeeds(update_at(&wide).args(["--ranks", "4"]));
+    let (largest, _) = difference(&weights(&run.path), &weights(&wide));
+    assert!(largest < 1e-4, "{largest}");
+}
+
+#[test]
+fn pools_that_do_not_add_up_to_the_ranks_are_refused() {
+    let run = prepared_in_pools(1, 2);
+    let config = run.path.join("run.yaml");
+    let (ok, stdout, stderr) =
+        output_of(petting().args(["config", "check"]).arg(&config).args(["--ranks", "2"]).output().unwrap());
+    assert!(
+        !ok && stderr.contains("pools: name 3 ranks in all (planner: 2, tool: 1), but the run has 2"),
+        "{stdout}{stderr}"
+    );
+    let output = update_at(&run.path).args(["--ranks", "2"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(3), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("but the run has 2"));
+    assert!(committed(&run.path).is_none());
+    succeeds(petting().args(["config", "check"]).arg(&config).args(["--ranks", "3"]));
 }

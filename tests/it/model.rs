@@ -919,7 +919,18 @@ fn a_step_with_a_non_finite_loss_is_skipped_and_moves_nothing() {
     let micro = MicroBatching::new(4096, false);
     let advantages = [Some(f64::NAN), Some(1.0)];
     let done = trainer
-        .ppo_step(&mut policy, &requests, None, &sampled, &advantages, Totals::of(&requests, &advantages), clip, micro, 0, 1e-3)
+        .ppo_step(
+            &mut policy,
+            &requests,
+            None,
+            &sampled,
+            &advantages,
+            Totals::of(&requests, &advantages),
+            clip,
+            micro,
+            0,
+            1e-3,
+        )
         .unwrap();
     assert!(done.skipped, "a NaN advantage makes a NaN loss: {:?}", (done.loss, done.grad_norm));
     assert_eq!((done.weights_change, trainer.steps_taken()), (0.0, 0), "no step was taken");

@@ -11,6 +11,9 @@ pub enum Error {
     #[error(transparent)]
     Ranks(#[from] crate::ranks::Error),
 
+    #[error("refusing to update in pools: pools {message}; nothing was written")]
+    Pools { message: String },
+
     #[error("policy {policy:?} has no committed checkpoint; commit v0 first (the run-level update, `initialise`)")]
     NoCheckpoint { policy: String },
 

@@ -67,8 +67,13 @@ use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
 use crate::ranks::Ranks;
 use crate::schema::Table;
-use crate::store::{CommitInfo, CommitMarker, InputRef, Partition, RunStore, Stage, StageId, StoredMarker};
-use crate::tables::{self, SampleRow, TurnRow};
+use serde::{Deserialize, Serialize};
+
+use crate::store::{
+    CheckpointRef, CommitInfo, CommitMarker, FileEntry, InputRef, Partition, PolicyRef, RunStore, Stage, StageId,
+    StageWriter, StoredMarker,
+};
+use crate::tables::{self, LogprobGapRow, SampleRow, TurnRow, UpdateRow};
 
 use super::{Session, inputs};
 use checks::TrainingSet;
@@ -112,49 +117,142 @@ pub async fn run(
         optimizers.push(policies::optimizer_file(store, &markers, &set.name, set.current.version).await?);
     }
     let ranks = session.ranks.as_ref();
-    let leader = ranks.is_none_or(|r| r.is_leader());
-    let mut loaded = session.policies.take(store, config, iteration).await?;
+    // With pools, this rank trains its pool's policies over its pool's ranks; else every
+    // policy over all ranks (or alone).
+    let pool = match ranks {
+        Some(world) if !config.pools.is_empty() => Some(my_pool(config, world)?),
+        _ => None,
+    };
+    let trainers = pool.as_ref().map(|(_, ranks)| ranks).or(ranks);
+    let writes = trainers.is_none_or(|r| r.is_leader());
     let mut writer = store.begin(stage);
-    let (mut rows, mut gaps, mut saved, mut used) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut model_seconds = 0.0;
+    if let (Some(world), Some(_)) = (ranks, &pool) {
+        // Each pool's leader writes its checkpoints into rank 0's attempt.
+        let attempt = world.from_leader("the update's attempt", Some(writer.attempt())).map_err(Error::from)?;
+        if !world.is_leader() {
+            writer = store.join_attempt(stage, attempt);
+        }
+    }
+    let mut loaded = match pool {
+        Some(_) => LoadedPolicies::default(),
+        None => session.policies.take(store, config, iteration).await?,
+    };
+    let mut outcome = Outcome::default();
     for (set, optimizer) in sets.into_iter().zip(optimizers) {
+        if let Some((name, _)) = &pool
+            && config.policies[&set.name].pool.as_ref() != Some(name)
+        {
+            continue;
+        }
         hold_only(&mut loaded, store, config, &markers, &set.name, iteration).await?;
         let optimizer = optimizer.map(|path| AdamWState::load(&path)).transpose()?;
         let started = Instant::now();
-        let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, ranks, progress)?;
-        model_seconds += started.elapsed().as_secs_f64();
-        if !leader {
+        let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, trainers, progress)?;
+        outcome.model_seconds += started.elapsed().as_secs_f64();
+        if !writes {
             continue;
         }
-        rows.extend(trained.steps);
-        gaps.extend(trained.gaps);
+        outcome.rows.extend(trained.steps);
+        outcome.gaps.extend(trained.gaps);
         let checkpoint = policies::save(&mut writer, &mut loaded, &set.name, iteration + 1, optimizer.as_ref()).await?;
         loaded.advance(&set.name, iteration + 1, checkpoint.weights_sha256.clone());
-        saved.push(checkpoint);
-        used.push(set.current);
+        outcome.saved.push(checkpoint);
+        outcome.used.push(set.current);
     }
-    if let Some(ranks) = ranks.filter(|_| !leader) {
+    if let Some(world) = ranks.filter(|r| !r.is_leader()) {
+        if let (Some((name, _)), true) = (&pool, writes) {
+            outcome.files = writer.into_files();
+            let json = serde_json::to_vec(&outcome).expect("an outcome is JSON");
+            world.put(&format!("pool {name}"), &json).map_err(Error::from)?;
+        }
         // The policies in memory are not what a marker names: none is kept.
-        ranks.from_leader("the commit", None).map_err(Error::from)?;
+        world.from_leader("the commit", None).map_err(Error::from)?;
         return Ok(store.marker(&stage).await?.expect("rank 0 committed the update").marker);
     }
-    if !rows.is_empty() {
-        let batch = tables::to_batch(&rows).map_err(|source| super::Error::Encode { table: Table::Updates, source })?;
-        writer.write_table(Table::Updates, Partition::Iteration(iteration), &[batch]).await?;
+    if let (Some(world), Some((mine, _))) = (ranks, &pool) {
+        for (name, _) in crate::config::pools::members(&config.pools).into_iter().filter(|(name, _)| name != mine) {
+            let theirs = world.take(&format!("pool {name}")).map_err(Error::from)?;
+            let theirs: Outcome = serde_json::from_slice(&theirs).expect("a pool's outcome is JSON");
+            writer.adopt(theirs.files.clone());
+            outcome.add(theirs);
+        }
     }
-    if !gaps.is_empty() {
-        let batch =
-            tables::to_batch(&gaps).map_err(|source| super::Error::Encode { table: Table::LogprobGaps, source })?;
-        writer.write_table(Table::LogprobGaps, Partition::Iteration(iteration), &[batch]).await?;
+    let marker = commit(writer, config, iteration, outcome, read).await?;
+    if pool.is_none() {
+        session.policies.give_back(loaded);
     }
-    let info =
-        CommitInfo { inputs: read, policies_used: used, checkpoints: saved, model_seconds, ..super::run_info(config) };
-    let marker = writer.finish().commit(info).await?;
-    session.policies.give_back(loaded);
     if let Some(ranks) = ranks {
         ranks.from_leader("the commit", Some(&stage.to_string())).map_err(Error::from)?;
     }
     Ok(marker)
+}
+
+/// What the update of some policies made: their `updates` and `logprob_gaps` rows,
+/// checkpoints, the versions they trained, and (from a pool's leader) the files it wrote.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Outcome {
+    rows: Vec<UpdateRow>,
+    gaps: Vec<LogprobGapRow>,
+    saved: Vec<CheckpointRef>,
+    used: Vec<PolicyRef>,
+    model_seconds: f64,
+    files: Vec<FileEntry>,
+}
+
+impl Outcome {
+    /// Adds another pool's outcome, keeping every list in policy order, as one process
+    /// writes them.
+    fn add(&mut self, other: Outcome) {
+        self.rows.extend(other.rows);
+        self.gaps.extend(other.gaps);
+        self.saved.extend(other.saved);
+        self.used.extend(other.used);
+        self.model_seconds += other.model_seconds;
+        self.rows.sort_by(|a, b| a.policy.cmp(&b.policy));
+        self.gaps.sort_by(|a, b| a.policy.cmp(&b.policy));
+        self.saved.sort_by(|a, b| a.policy.cmp(&b.policy));
+        self.used.sort_by(|a, b| a.policy.cmp(&b.policy));
+    }
+}
+
+/// Writes the tables of `outcome` and commits the attempt with its checkpoints.
+async fn commit(
+    mut writer: StageWriter<'_>,
+    config: &RunConfig,
+    iteration: u32,
+    outcome: Outcome,
+    read: Vec<InputRef>,
+) -> Result<CommitMarker, super::Error> {
+    if !outcome.rows.is_empty() {
+        let batch =
+            tables::to_batch(&outcome.rows).map_err(|source| super::Error::Encode { table: Table::Updates, source })?;
+        writer.write_table(Table::Updates, Partition::Iteration(iteration), &[batch]).await?;
+    }
+    if !outcome.gaps.is_empty() {
+        let batch = tables::to_batch(&outcome.gaps)
+            .map_err(|source| super::Error::Encode { table: Table::LogprobGaps, source })?;
+        writer.write_table(Table::LogprobGaps, Partition::Iteration(iteration), &[batch]).await?;
+    }
+    let info = CommitInfo {
+        inputs: read,
+        policies_used: outcome.used,
+        checkpoints: outcome.saved,
+        model_seconds: outcome.model_seconds,
+        ..super::run_info(config)
+    };
+    Ok(writer.finish().commit(info).await?)
+}
+
+/// This rank's pool (`pools:`) and its ranks, once the pools' ranks add up to the world.
+fn my_pool(config: &RunConfig, world: &Ranks) -> Result<(String, Arc<Ranks>), Error> {
+    crate::config::pools::check_world(&config.pools, world.size())
+        .map_err(|invalid| Error::Pools { message: invalid.message })?;
+    let (name, members) = crate::config::pools::members(&config.pools)
+        .into_iter()
+        .find(|(_, members)| members.contains(&world.rank()))
+        .expect("the pools' ranks add up to the world");
+    let ranks = world.pool(&name, members)?;
+    Ok((name, Arc::new(ranks)))
 }
 
 /// What the ranks of iteration `iteration`'s update compare when they meet: the run's

@@ -170,8 +170,9 @@ pub(super) fn train_ppo(
             seed,
             lr,
         )?;
-        done.logprobs = gather(ranks, chunk, &lengths, &mine, std::mem::take(&mut done.logprobs), "the logprobs' gather")
-            .map_err(Error::from)?;
+        done.logprobs =
+            gather(ranks, chunk, &lengths, &mine, std::mem::take(&mut done.logprobs), "the logprobs' gather")
+                .map_err(Error::from)?;
         if own_forward {
             for (&i, logprobs) in chunk.iter().zip(&done.logprobs) {
                 old[i] = logprobs.clone();
