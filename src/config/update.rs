@@ -28,6 +28,12 @@ pub struct UpdateConfig {
     /// Correct the engine-vs-trainer mismatch with truncated importance weights: each
     /// token's loss weighted by min(π_trainer / π_engine, this cap), e.g. 2.0. Unset: none.
     pub truncated_importance_ratio: Option<f64>,
+    /// With ranks, each keeps 1/N of AdamW's state (moments and float32 masters), steps
+    /// only its share of the weights and gives them to the others (ZeRO-1): for a model
+    /// whose optimiser state does not fit one device. The checkpoint keeps the whole
+    /// state, which a run of any number of ranks resumes from.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shard_optimizer_state: bool,
 }
 
 impl Default for UpdateConfig {
@@ -41,6 +47,7 @@ impl Default for UpdateConfig {
             share_prefix: true,
             max_logprob_drift: 0.05,
             truncated_importance_ratio: None,
+            shard_optimizer_state: false,
         }
     }
 }

@@ -128,6 +128,13 @@ struct Param {
     name: String,
     /// The model's variable (a shallow clone: the same storage).
     weight: Tensor,
+    /// Held in bf16 or f16: its gradients are summed in float32, its step is taken on a
+    /// float32 master.
+    low_precision: bool,
+    /// The rank whose optimiser state this is, when the state is sharded (ZeRO-1); the
+    /// others keep no moments or master of it, and receive its stepped weight.
+    owner: u32,
+    owned: bool,
     /// Float32 copy the step updates, when the weight is held in a lower precision.
     master: Option<Tensor>,
     exp_avg: Tensor,
@@ -138,6 +145,15 @@ struct Param {
 }
 
 impl Param {
+    /// The state tensor saved as `kind.<name>`.
+    fn state(&self, kind: &str) -> &Tensor {
+        match kind {
+            "exp_avg" => &self.exp_avg,
+            "exp_avg_sq" => &self.exp_avg_sq,
+            _ => self.master.as_ref().expect("a low-precision weight has a master"),
+        }
+    }
+
     /// The step's gradient in float32, or none when the weight got no gradient.
     fn gradient(&self) -> Option<Tensor> {
         let grad = self.weight.grad();
@@ -150,12 +166,41 @@ impl Param {
     }
 }
 
-/// What one [`AdamW::step`] did to the weights the model computes with.
+/// What one [`AdamW::step`] did to the weights the model computes with (those whose
+/// state this rank owns, when sharded: the sums add up over the ranks).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepChange {
-    /// ‖w_after − w_before‖ / ‖w_before‖ over every trainable weight, after any cast: 0
-    /// when the step rounded away.
-    pub relative: f64,
+    /// ‖w_after − w_before‖² and ‖w_before‖² over the trainable weights, after any cast.
+    pub moved_squared: f64,
+    pub norm_squared: f64,
+}
+
+impl StepChange {
+    /// ‖w_after − w_before‖ / ‖w_before‖: 0 when the step rounded away.
+    pub fn relative(&self) -> f64 {
+        if self.norm_squared > 0.0 { (self.moved_squared / self.norm_squared).sqrt() } else { 0.0 }
+    }
+}
+
+/// Which part of the optimiser state a rank keeps (ZeRO-1): `rank` of `ranks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateShard {
+    pub rank: u32,
+    pub ranks: u32,
+}
+
+/// The rank that owns each weight's state (weights in name order): each weight goes to
+/// the rank with the fewest elements so far, so the shards are about equal.
+fn owners(sizes: &[i64], ranks: u32) -> Vec<u32> {
+    let mut load = vec![0i64; ranks as usize];
+    sizes
+        .iter()
+        .map(|&size| {
+            let lightest = (0..ranks as usize).min_by_key(|&r| (load[r], r)).expect("a rank");
+            load[lightest] += size;
+            lightest as u32
+        })
+        .collect()
 }
 
 pub struct AdamW {
@@ -172,16 +217,27 @@ pub struct AdamW {
 
 impl AdamW {
     /// An optimiser for `weights` (name → the model's variable), continuing `state` when
-    /// given (every weight must have its moments there, with the right shapes).
-    pub fn new(weights: HashMap<String, Tensor>, config: &OptimizerConfig, state: Option<AdamWState>) -> Result<AdamW> {
+    /// given (every weight must have its moments there, with the right shapes). With
+    /// `shard`, this rank keeps only the state of the weights it owns (ZeRO-1); `state`
+    /// is still the whole, as saved by any number of ranks.
+    pub fn new(
+        weights: HashMap<String, Tensor>,
+        config: &OptimizerConfig,
+        state: Option<AdamWState>,
+        shard: Option<StateShard>,
+    ) -> Result<AdamW> {
         let mut names: Vec<String> = weights.keys().cloned().collect();
         names.sort();
         let (step, mut saved) = match state {
             Some(state) => (state.step, state.tensors),
             None => (0, BTreeMap::new()),
         };
+        let sizes: Vec<i64> = names.iter().map(|n| weights[n].numel() as i64).collect();
+        let owner_of = shard.map_or_else(|| vec![0; names.len()], |s| owners(&sizes, s.ranks));
+        let rank = shard.map_or(0, |s| s.rank);
         let mut params = Vec::with_capacity(names.len());
-        for name in names {
+        for (name, owner) in names.into_iter().zip(owner_of) {
+            let owned = owner == rank;
             let weight = weights[&name].shallow_clone();
             let device = weight.device();
             let fresh = || Tensor::zeros(weight.size(), (Kind::Float, device));
@@ -207,11 +263,27 @@ impl AdamW {
                     });
                 }
             };
-            let master = (weight.kind() != Kind::Float).then(|| -> Result<Tensor> {
+            let low_precision = weight.kind() != Kind::Float;
+            let master = low_precision.then(|| -> Result<Tensor> {
                 Ok(restored("master")?.unwrap_or_else(|| tch::no_grad(|| weight.to_kind(Kind::Float))))
             });
-            let master = master.transpose()?;
-            params.push(Param { name, weight, master, exp_avg, exp_avg_sq, grad_sum: None });
+            let mut master = master.transpose()?;
+            let (mut exp_avg, mut exp_avg_sq) = (exp_avg, exp_avg_sq);
+            if !owned {
+                let none = || Tensor::zeros([0], (Kind::Float, device));
+                (exp_avg, exp_avg_sq, master) = (none(), none(), None);
+            }
+            params.push(Param {
+                name,
+                weight,
+                low_precision,
+                owner,
+                owned,
+                master,
+                exp_avg,
+                exp_avg_sq,
+                grad_sum: None,
+            });
         }
         if let Some(extra) = saved.keys().next() {
             return Err(Error::Request { reason: format!("optimizer state {extra} names no trainable weight") });
@@ -221,7 +293,7 @@ impl AdamW {
         let mut low_precision_releaser = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).map_err(torch)?;
         for p in &params {
             grad_releaser.add_parameters(&p.weight, 0).map_err(torch)?;
-            if p.master.is_some() {
+            if p.low_precision {
                 low_precision_releaser.add_parameters(&p.weight, 0).map_err(torch)?;
             }
         }
@@ -255,7 +327,7 @@ impl AdamW {
     /// the weight's dtype and is added in float32.
     pub fn accumulate(&mut self) {
         tch::no_grad(|| {
-            for p in self.params.iter_mut().filter(|p| p.master.is_some()) {
+            for p in self.params.iter_mut().filter(|p| p.low_precision) {
                 if p.weight.grad().defined() {
                     p.grad_sum = p.gradient();
                 }
@@ -294,7 +366,7 @@ impl AdamW {
         // In place where torch allows it: at a real vocabulary the embedding and lm_head
         // are the largest tensors, and each temporary of their size is ~0.5 GiB at 0.5B.
         tch::no_grad(|| {
-            for p in &mut self.params {
+            for p in self.params.iter_mut().filter(|p| p.owned) {
                 let Some(grad) = p.gradient() else { continue };
                 let g = if clip == 1.0 { grad } else { grad * clip };
                 // A copy: to_kind of a float32 weight would alias the storage stepped below.
@@ -320,7 +392,38 @@ impl AdamW {
                 moved += before.norm().double_value(&[]).powi(2);
             }
         });
-        StepChange { relative: if norm > 0.0 { (moved / norm).sqrt() } else { 0.0 } }
+        StepChange { moved_squared: moved, norm_squared: norm }
+    }
+
+    /// Gives every rank each weight as its owner stepped it, by `broadcast(weight,
+    /// owner)` (with the state sharded).
+    pub fn share_weights(&mut self, broadcast: &mut dyn FnMut(&Tensor, u32) -> Result<()>) -> Result<()> {
+        tch::no_grad(|| self.params.iter().try_for_each(|p| broadcast(&p.weight, p.owner)))
+    }
+
+    /// The whole state, each weight's from its owner by `broadcast(tensor, owner)`, on
+    /// the rank that `keeps` it (every rank takes part; the others keep nothing).
+    pub fn gathered_state(
+        &self,
+        keeps: bool,
+        broadcast: &mut dyn FnMut(&Tensor, u32) -> Result<()>,
+    ) -> Result<Option<AdamWState>> {
+        let mut tensors = BTreeMap::new();
+        for p in &self.params {
+            let kinds: &[&str] =
+                if p.low_precision { &["exp_avg", "exp_avg_sq", "master"] } else { &["exp_avg", "exp_avg_sq"] };
+            for &kind in kinds {
+                let part = match p.owned {
+                    true => p.state(kind).shallow_clone(),
+                    false => Tensor::zeros(p.weight.size(), (Kind::Float, p.weight.device())),
+                };
+                broadcast(&part, p.owner)?;
+                if keeps {
+                    tensors.insert(format!("{kind}.{}", p.name), part.to_device(tch::Device::Cpu));
+                }
+            }
+        }
+        Ok(keeps.then_some(AdamWState { step: self.step, tensors }))
     }
 
     /// Replaces the step's gradients by `sum` of them over the ranks of a data-parallel
@@ -371,8 +474,10 @@ impl AdamW {
         format!("{:x}", hasher.finalize())
     }
 
-    /// The state to save with the checkpoint, on the CPU.
+    /// The state to save with the checkpoint, on the CPU (of an unsharded optimiser:
+    /// a sharded one's is [`AdamW::gathered_state`]).
     pub fn state(&self) -> AdamWState {
+        assert!(self.params.iter().all(|p| p.owned), "a sharded optimiser's state is gathered");
         let mut tensors = BTreeMap::new();
         for p in &self.params {
             let cpu = |t: &Tensor| t.to_device(tch::Device::Cpu);
@@ -427,6 +532,41 @@ mod tests {
     }
 
     #[test]
+    fn each_weights_state_goes_to_the_rank_with_the_fewest_elements_so_far() {
+        // 5 → 0 (5, 0), 3 → 1 (5, 3), 3 → 1 (5, 6), 1 → 0 (6, 6).
+        assert_eq!(owners(&[5, 3, 3, 1], 2), vec![0, 1, 1, 0]);
+        assert_eq!(owners(&[5, 3], 1), vec![0, 0]);
+    }
+
+    #[test]
+    fn a_rank_keeps_only_the_state_it_owns_and_gathers_the_whole() {
+        let config = OptimizerConfig { lr: 0.1, ..Default::default() };
+        let weights = || {
+            HashMap::from([
+                ("a".to_string(), weight(&[1.0, 2.0, 3.0], Kind::Float)),
+                ("b".to_string(), weight(&[4.0], Kind::BFloat16)),
+            ])
+        };
+        // Rank 1 of 2 owns b (a, the larger, went to rank 0).
+        let adamw = AdamW::new(weights(), &config, None, Some(StateShard { rank: 1, ranks: 2 })).unwrap();
+        let owned: Vec<(&str, bool, i64)> =
+            adamw.params.iter().map(|p| (p.name.as_str(), p.owned, p.exp_avg.numel() as i64)).collect();
+        assert_eq!(owned, vec![("a", false, 0), ("b", true, 1)]);
+        // Gathered, with the "broadcast" marking which owner each part came from.
+        let mut from = Vec::new();
+        let record = &mut |_: &Tensor, owner| {
+            from.push(owner);
+            Ok(())
+        };
+        let state = adamw.gathered_state(true, record).unwrap().unwrap();
+        assert_eq!(from, vec![0, 0, 1, 1, 1], "a's two moments from rank 0, b's and its master from rank 1");
+        let names: Vec<&String> = state.tensors.keys().collect();
+        assert_eq!(names, ["exp_avg.a", "exp_avg.b", "exp_avg_sq.a", "exp_avg_sq.b", "master.b"]);
+        // The whole state loads on a rank of any other number of ranks.
+        assert!(AdamW::new(weights(), &config, Some(state), Some(StateShard { rank: 0, ranks: 3 })).is_ok());
+    }
+
+    #[test]
     fn gradients_are_summed_in_buckets_in_name_order_and_step_as_summed() {
         // A gradient as large as a whole bucket gets one of its own; small ones share.
         let big = (BUCKET_BYTES / 4) as i64;
@@ -438,7 +578,7 @@ mod tests {
         let a = weight(&[1.0, 2.0], Kind::Float);
         let b = weight(&[3.0], Kind::BFloat16);
         let weights = HashMap::from([("a".to_string(), a.shallow_clone()), ("b".to_string(), b.shallow_clone())]);
-        let mut adamw = AdamW::new(weights, &config, None).unwrap();
+        let mut adamw = AdamW::new(weights, &config, None, None).unwrap();
         set_grad(&a, &[0.5, -1.0]);
         adamw.accumulate();
         // `b` got no gradient on this rank: it is summed as zeros. The "other rank" adds 1.
@@ -465,9 +605,9 @@ mod tests {
         let config =
             OptimizerConfig { lr: 0.1, weight_decay: 0.01, betas: [0.9, 0.999], eps: 1e-8, ..Default::default() };
         let w = weight(&[1.0, -2.0], Kind::Float);
-        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
+        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None, None).unwrap();
         set_grad(&w, &[0.5, -4.0]);
-        let change = adamw.step(0.1, 1.0);
+        let change = adamw.step(0.1, 1.0).relative();
         // t = 1: m̂ = g, v̂ = g², so each weight moves by lr · sign(g) after decay.
         let expected = [1.0 * (1.0 - 0.001) - 0.1, -2.0 * (1.0 - 0.001) + 0.1];
         let got = Vec::<f32>::try_from(&w).unwrap();
@@ -475,7 +615,7 @@ mod tests {
             assert!((f64::from(*g) - e).abs() < 1e-6, "{got:?}");
         }
         let moved = ((expected[0] - 1.0f64).powi(2) + (expected[1] + 2.0f64).powi(2)).sqrt() / 5f64.sqrt();
-        assert!((change.relative - moved).abs() < 1e-6, "{change:?} vs {moved}");
+        assert!((change - moved).abs() < 1e-6, "{change:?} vs {moved}");
     }
 
     #[test]
@@ -483,13 +623,13 @@ mod tests {
         let config = OptimizerConfig { lr: 1e-6, weight_decay: 0.0, ..Default::default() };
         let w = weight(&[0.02, 0.03], Kind::BFloat16);
         let start = Vec::<f32>::try_from(w.to_kind(Kind::Float)).unwrap();
-        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
+        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None, None).unwrap();
         let mut first = None;
         for _ in 0..2000 {
             adamw.zero_grad();
             set_grad(&w, &[1.0, 1.0]);
             let change = adamw.step(1e-6, 1.0);
-            first.get_or_insert(change.relative);
+            first.get_or_insert(change.relative());
         }
         // One step is 1e-6: invisible in bf16, so the first step moved nothing…
         assert_eq!(first, Some(0.0));
@@ -509,7 +649,7 @@ mod tests {
             ("b".into(), b.shallow_clone()),
             ("u".into(), untouched),
         ]);
-        let adamw = AdamW::new(weights, &OptimizerConfig::default(), None).unwrap();
+        let adamw = AdamW::new(weights, &OptimizerConfig::default(), None, None).unwrap();
         // Gradients (3, 0) and (4): global norm 5; a weight without a gradient adds nothing.
         set_grad(&a, &[3.0, 0.0]);
         set_grad(&b, &[4.0]);
@@ -520,7 +660,7 @@ mod tests {
     fn bf16_gradients_of_micro_batches_are_summed_in_float32() {
         let config = OptimizerConfig::default();
         let w = weight(&[1.0, 1.0], Kind::BFloat16);
-        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
+        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None, None).unwrap();
         // 1 + 2^-9 is 1 in bf16 (8 bits of mantissa), 1.001953125 in float32.
         set_grad(&w, &[1.0, 0.5]);
         adamw.accumulate();
@@ -558,7 +698,7 @@ mod tests {
     fn gradients_are_released_between_steps_and_with_the_optimiser() {
         let w = weight(&[1.0, 2.0], Kind::Float);
         let config = OptimizerConfig::default();
-        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None).unwrap();
+        let mut adamw = AdamW::new(HashMap::from([("w".to_string(), w.shallow_clone())]), &config, None, None).unwrap();
         set_grad(&w, &[1.0, 1.0]);
         adamw.zero_grad();
         assert!(!w.grad().defined());
@@ -578,11 +718,11 @@ mod tests {
         let run = |split: bool| -> Vec<f32> {
             let w = weight(&[0.5, 0.25], Kind::Float);
             let weights = || HashMap::from([("w".to_string(), w.shallow_clone())]);
-            let mut adamw = AdamW::new(weights(), &config, None).unwrap();
+            let mut adamw = AdamW::new(weights(), &config, None, None).unwrap();
             for (i, g) in grads.iter().enumerate() {
                 if split && i == 2 {
                     let state = adamw.state();
-                    adamw = AdamW::new(weights(), &config, Some(state)).unwrap();
+                    adamw = AdamW::new(weights(), &config, Some(state), None).unwrap();
                 }
                 adamw.zero_grad();
                 set_grad(&w, g);

@@ -39,7 +39,7 @@ mod weights;
 
 use std::path::{Path, PathBuf};
 
-pub use adamw::{AdamW, AdamWState, OPTIMIZER_FILE, OptimizerConfig, StepChange};
+pub use adamw::{AdamW, AdamWState, OPTIMIZER_FILE, OptimizerConfig, StateShard, StepChange};
 pub use build_tokenizer::{
     CHATML_TEMPLATE, DEFAULT_VOCAB_SIZE, END_OF_TEXT, IM_END, IM_START, TokenizerFiles, build_tokenizer, scratch_config,
 };
@@ -55,7 +55,7 @@ pub use lora::{ALL_LINEAR, LoraConfig};
 pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;
-pub use trainer::{AllReduce, PpoClip, StepResult, Totals, Trainer};
+pub use trainer::{AllReduce, DataParallel, PpoClip, StepResult, Totals, Trainer};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
     weights_digest, write_safetensors, write_weights,

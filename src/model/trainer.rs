@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
-use super::adamw::{AdamW, AdamWState, OptimizerConfig};
+use super::adamw::{AdamW, AdamWState, OptimizerConfig, StateShard, StepChange};
 use super::{LanguageModel, MicroBatch, MicroBatching, Result, ScoreRequest};
 use crate::algo::loss::{Aggregation, LOG_RATIO_LIMIT};
 use crate::ranks::Ranks;
@@ -62,13 +62,22 @@ pub struct Totals {
     pub sequences: usize,
 }
 
+/// The ranks a trainer's steps are taken with.
+#[derive(Debug, Clone)]
+pub struct DataParallel {
+    pub ranks: Arc<Ranks>,
+    /// Each rank keeps 1/N of the optimiser state and steps only its weights, which it
+    /// then gives the others (ZeRO-1).
+    pub shard_state: bool,
+}
+
 /// AdamW over a policy's trainable variables: one adapter's for LoRA, else the whole
 /// model's; with ranks, every step sums the gradients and the loss over them first, so
 /// that each rank takes the same step.
 pub struct Trainer {
     optimizer: AdamW,
     grad_clip: f64,
-    ranks: Option<Arc<Ranks>>,
+    parallel: Option<DataParallel>,
 }
 
 impl Trainer {
@@ -80,14 +89,18 @@ impl Trainer {
         config: &OptimizerConfig,
         grad_clip: f64,
         state: Option<AdamWState>,
-        ranks: Option<Arc<Ranks>>,
+        parallel: Option<DataParallel>,
     ) -> Result<Trainer> {
         let vs = match adapter {
             Some(name) => model.adapter_var_store(name)?,
             None => model.var_store(),
         };
         let weights: HashMap<String, Tensor> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        Ok(Trainer { optimizer: AdamW::new(weights, config, state)?, grad_clip, ranks })
+        let shard = parallel
+            .as_ref()
+            .filter(|p| p.shard_state)
+            .map(|p| StateShard { rank: p.ranks.rank(), ranks: p.ranks.size() });
+        Ok(Trainer { optimizer: AdamW::new(weights, config, state, shard)?, grad_clip, parallel })
     }
 
     /// Optimiser steps taken so far, across every version this state continues.
@@ -105,9 +118,17 @@ impl Trainer {
         self.optimizer.weights_digest()
     }
 
-    /// The optimiser state to save with the new checkpoint.
-    pub fn state(&self) -> AdamWState {
-        self.optimizer.state()
+    /// The optimiser state to save with the new checkpoint: the whole of it, also when
+    /// sharded (every rank takes part; rank 0 gets it, the others none).
+    pub fn state(&self) -> Result<Option<AdamWState>> {
+        match &self.parallel {
+            Some(DataParallel { ranks, shard_state: true }) => {
+                let broadcast =
+                    &mut |t: &Tensor, owner| Ok(ranks.broadcast(t, owner, "the optimiser state's gather")?);
+                self.optimizer.gathered_state(ranks.is_leader(), broadcast)
+            }
+            _ => Ok(Some(self.optimizer.state())),
+        }
     }
 
     /// A supervised step: the token-mean negative log-likelihood of the responses.
@@ -196,7 +217,7 @@ impl Trainer {
     /// every rank decides alike and steps alike.
     fn step(&mut self, lr: f64, logprobs: Vec<Vec<f32>>, loss: f64, trained_tokens: usize) -> Result<StepResult> {
         self.optimizer.accumulate();
-        let (loss, all_reduce) = match &self.ranks {
+        let (loss, all_reduce) = match self.parallel.as_ref().map(|p| &p.ranks) {
             Some(ranks) => {
                 let started = std::time::Instant::now();
                 let mut bytes = 0;
@@ -218,7 +239,18 @@ impl Trainer {
         }
         let clip = clip_factor(self.grad_clip, grad_norm);
         let change = self.optimizer.step(lr, clip);
-        Ok(StepResult { logprobs, loss, grad_norm, weights_change: change.relative, skipped: false, all_reduce })
+        let weights_change = match &self.parallel {
+            Some(DataParallel { ranks, shard_state: true }) => {
+                let broadcast =
+                    &mut |w: &Tensor, owner| Ok(ranks.broadcast(w, owner, "the stepped weights' broadcast")?);
+                self.optimizer.share_weights(broadcast)?;
+                let sums = Tensor::from_slice(&[change.moved_squared, change.norm_squared]);
+                ranks.sum(&sums, "the weights change's all-reduce")?;
+                StepChange { moved_squared: sums.double_value(&[0]), norm_squared: sums.double_value(&[1]) }.relative()
+            }
+            _ => change.relative(),
+        };
+        Ok(StepResult { logprobs, loss, grad_norm, weights_change, skipped: false, all_reduce })
     }
 }
 

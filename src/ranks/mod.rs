@@ -213,6 +213,11 @@ impl Ranks {
         self.group.all_reduce_sum(tensor).map_err(|source| self.collective_failed(what, source))
     }
 
+    /// Gives every rank `root`'s `tensor` (contiguous, CPU) in place.
+    pub fn broadcast(&self, tensor: &Tensor, root: u32, what: &str) -> Result<(), Error> {
+        self.group.broadcast(tensor, root).map_err(|source| self.collective_failed(what, source))
+    }
+
     /// Checks that every rank has the same `value` of `what` (a digest), waiting for all.
     pub fn agree(&self, what: &str, value: &str) -> Result<(), Error> {
         let n = self.agreements.fetch_add(1, Ordering::Relaxed);

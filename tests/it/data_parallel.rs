@@ -415,3 +415,47 @@ fn pools_that_do_not_add_up_to_the_ranks_are_refused() {
     assert!(committed(&run.path).is_none());
     succeeds(petting().args(["config", "check"]).arg(&config).args(["--ranks", "3"]));
 }
+
+/// Iteration `iteration`'s update of `run` by `ranks` ranks (one process for 1).
+fn update_iteration(run: &Run, iteration: u32, ranks: u32) {
+    let mut command = petting();
+    command.args(["stage", "update"]).arg(&run.path).args(["--iteration", &iteration.to_string()]);
+    if ranks > 1 {
+        command.args(["--ranks", &ranks.to_string()]);
+    }
+    succeeds(&mut command);
+}
+
+#[test]
+fn a_sharded_optimiser_state_is_saved_whole_and_resumed_by_another_number_of_ranks() {
+    let runs: Vec<Run> = (0..2)
+        .map(|_| {
+            let run = crate::update::new_run_with(|file| file.set("update.shard_optimizer_state", "true"));
+            block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+            block_on(rollout(&run, 0, Tamper::None));
+            run
+        })
+        .collect();
+    let (one, sharded) = (&runs[0], &runs[1]);
+    // One process (nothing to shard), against 2 ranks keeping half the state each, then
+    // 3 ranks resuming from what the 2 saved.
+    for (run, ranks) in [(one, [1, 1]), (sharded, [2, 3])] {
+        update_iteration(run, 0, ranks[0]);
+        block_on(rollout(run, 1, Tamper::None));
+        update_iteration(run, 1, ranks[1]);
+    }
+    let v2 = |run: &Run| {
+        let marker = block_on(run.store.marker(&StageId::at(Stage::Update, 1))).unwrap().unwrap().marker;
+        checkpoint_tensors(&run.path, &marker)
+    };
+    let (largest, _) = difference(&v2(one), &v2(sharded));
+    assert!(largest < 1e-4, "{largest}");
+    // The saved state is one file with every weight's moments, as one process saves it.
+    let state = |run: &Run| {
+        let marker = block_on(run.store.marker(&StageId::at(Stage::Update, 1))).unwrap().unwrap().marker;
+        let checkpoint = marker.checkpoints.iter().find(|c| c.policy == "tool_p").unwrap();
+        petting::model::AdamWState::load(&run.path.join(&checkpoint.dir).join("optimizer.safetensors")).unwrap()
+    };
+    let (a, b) = (state(one), state(sharded));
+    assert_eq!((a.step, a.tensors.keys().collect::<Vec<_>>()), (b.step, b.tensors.keys().collect::<Vec<_>>()));
+}

@@ -14,6 +14,12 @@ pub enum Error {
     #[error("refusing to update in pools: pools {message}; nothing was written")]
     Pools { message: String },
 
+    #[error(
+        "refusing to update {policy:?} on {device} as ranks: ranks train on the CPU (Gloo) only; update a \
+         policy on CUDA in one process (without --ranks); nothing was written"
+    )]
+    RanksOffCpu { policy: String, device: String },
+
     #[error("policy {policy:?} has no committed checkpoint; commit v0 first (the run-level update, `initialise`)")]
     NoCheckpoint { policy: String },
 

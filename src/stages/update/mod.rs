@@ -300,6 +300,10 @@ fn train_policy(
 ) -> Result<(Trained, Option<AdamWState>), super::Error> {
     let stage = StageId::at(Stage::Update, iteration);
     let (model, adapter) = loaded.model(&set.name).expect("the policy is in memory");
+    if ranks.is_some() && model.device() != tch::Device::Cpu {
+        let device = format!("{:?}", model.device());
+        return Err(Error::RanksOffCpu { policy: set.name.clone(), device }.into());
+    }
     let settings = PpoSettings::new(config, &set.name, iteration, model);
     let adapter = adapter.map(str::to_owned);
     let (label, steps) = (format!("{stage} {}", set.name), settings.steps(set.sequences.len()));

@@ -8,8 +8,8 @@ use crate::algo::loss::{ppo_clip_loss, truncated_importance_weight};
 use crate::algo::stats::{mean_max, mismatch};
 use crate::config::RunConfig;
 use crate::model::{
-    AdamWState, LanguageModel, MicroBatching, OptimizerConfig, PpoClip, ScoreRequest, StepResult, Totals, Trainer,
-    prompt_groups,
+    AdamWState, DataParallel, LanguageModel, MicroBatching, OptimizerConfig, PpoClip, ScoreRequest, StepResult, Totals,
+    Trainer, prompt_groups,
 };
 use crate::progress::Progress;
 use crate::ranks::Ranks;
@@ -38,6 +38,8 @@ pub(super) struct PpoSettings<'a> {
     optimizer: &'a OptimizerConfig,
     /// The dtype the policy's weights are held in, for messages.
     dtype: String,
+    /// With ranks, shard the optimiser state over them (ZeRO-1).
+    shard_state: bool,
     truncated: Truncated,
     seed: u64,
 }
@@ -63,6 +65,7 @@ impl PpoSettings<'_> {
             reuse_first_forward: config.policies[name].lora.as_ref().is_none_or(|l| l.dropout == 0.0),
             optimizer: &config.policies[name].optimizer,
             dtype: format!("{:?}", model.kind()),
+            shard_state: update.shard_optimizer_state,
             truncated: algorithm.truncated,
             seed: stream(&[config.seed, Key::PPO, u64::from(iteration), name_key(name)]),
         }
@@ -137,7 +140,8 @@ pub(super) fn train_ppo(
         old[i] = logprobs;
     }
 
-    let mut trainer = Trainer::new(model, adapter, settings.optimizer, settings.grad_clip, optimizer, ranks.cloned())?;
+    let parallel = ranks.map(|ranks| DataParallel { ranks: ranks.clone(), shard_state: settings.shard_state });
+    let mut trainer = Trainer::new(model, adapter, settings.optimizer, settings.grad_clip, optimizer, parallel)?;
     let total = schedule_length(trainer.steps_taken(), steps.len() as u64, settings.iterations, settings.iteration);
     let mut rows = Vec::new();
     let mut drift = Vec::new();
@@ -192,7 +196,7 @@ pub(super) fn train_ppo(
         ranks.agree(&what, &trainer.weights_digest()).map_err(Error::from)?;
     }
     let gaps = gap_rows(set, &old);
-    Ok((Trained { steps: rows, gaps }, Some(trainer.state())))
+    Ok((Trained { steps: rows, gaps }, trainer.state()?))
 }
 
 /// The optimiser steps the learning-rate schedule of a run of `iterations` spans, seen
