@@ -8,8 +8,9 @@
 //!    connect to the TCPStore rank 0 serves, publish a digest of what it will run,
 //!    wait for every rank (naming the missing ones at the timeout), refuse a differing
 //!    digest, then open the Gloo group (group.rs)
-//!  the update (stages/update) then sums gradients with Ranks::sum and compares the
-//!  trained weights' digests with Ranks::agree before rank 0 commits
+//!  the update (stages/update) then sums gradients with Ranks::sum (over a pool's
+//!  ranks: Ranks::pool), gives a sharded optimiser's weights with Ranks::broadcast,
+//!  and compares the trained weights' digests with Ranks::agree before rank 0 commits
 //! ```
 
 mod group;
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
-pub use group::{C10dError, ProcessGroup, Store};
+pub use group::C10dError;
+use group::{ProcessGroup, Store};
 pub use rendezvous::join;
 
 /// Why ranks could not meet or stay together.

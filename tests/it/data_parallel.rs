@@ -372,11 +372,7 @@ fn prepared_in_pools(tool: u32, planner: u32) -> Run {
 fn two_policies_in_two_pools_update_side_by_side_as_one_process_updates_them() {
     let run = prepared_in_pools(1, 1);
     let (_pools_dir, pools) = copy_of(&run);
-    let (_wide_dir, wide) = {
-        let wide = prepared_in_pools(2, 2);
-        let copy = copy_of(&wide);
-        (copy.0, copy.1)
-    };
+    let wide = prepared_in_pools(2, 2);
     // One process trains both policies in turn (pools place ranks; alone there are none),
     // on one thread as each of the two ranks does.
     succeeds(update_at(&run.path).env("OMP_NUM_THREADS", "1"));
@@ -394,8 +390,8 @@ fn two_policies_in_two_pools_update_side_by_side_as_one_process_updates_them() {
     assert_eq!(policies, ["plan_p", "tool_p"], "one marker commits both pools' checkpoints");
 
     // Pools of two ranks each: every policy data-parallel over its own two.
-    succeeds(update_at(&wide).args(["--ranks", "4"]));
-    let (largest, _) = difference(&weights(&run.path), &weights(&wide));
+    succeeds(update_at(&wide.path).args(["--ranks", "4"]));
+    let (largest, _) = difference(&weights(&run.path), &weights(&wide.path));
     assert!(largest < 1e-4, "{largest}");
 }
 
