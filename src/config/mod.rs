@@ -430,33 +430,6 @@ fn absolute(path: &Path) -> PathBuf {
 impl RunConfig {
     /// Every section's own checks, then the rules that span sections. Returns the key
     /// path and the problem.
-    /// Every pool has ranks and policies, and with pools every policy is in one.
-    fn validate_pools(&self) -> Result<(), Invalid> {
-        for (name, pool) in &self.pools {
-            check(pool.ranks >= 1, format!("pools.{name}.ranks"), "must be at least 1")?;
-            check(
-                self.policies.values().any(|p| p.pool.as_deref() == Some(name.as_str())),
-                format!("pools.{name}"),
-                "no policy names this pool (policies.<name>.pool)",
-            )?;
-        }
-        for (name, policy) in &self.policies {
-            let key = format!("policies.{name}.pool");
-            match &policy.pool {
-                Some(pool) => check(
-                    self.pools.contains_key(pool),
-                    key,
-                    format!(
-                        "names no pool; the pools are: {}",
-                        self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                )?,
-                None => check(self.pools.is_empty(), key, "is missing: with pools, every policy is in one")?,
-            }
-        }
-        Ok(())
-    }
-
     pub fn validate(&self) -> Result<(), Invalid> {
         check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
         self.validate_workflow()?;
@@ -480,7 +453,7 @@ impl RunConfig {
                  warm-started one (--from runs/plan-path@0), or drop lora",
             )?;
         }
-        self.validate_pools()?;
+        pools::validate(&self.pools, &self.policies)?;
         self.rollout.validate(self.data.train_tasks)?;
         self.algorithm.validate()?;
         self.update.validate()?;

@@ -9,6 +9,7 @@ use std::ops::Range;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::PolicyConfig;
 use crate::validate::{Invalid, check};
 
 /// One pool of ranks (`pools.<name>`).
@@ -31,6 +32,33 @@ pub fn members(pools: &BTreeMap<String, PoolConfig>) -> Vec<(String, Range<u32>)
             (name.clone(), range)
         })
         .collect()
+}
+
+/// Every pool has ranks and policies, and with pools every policy is in one.
+pub(super) fn validate(
+    pools: &BTreeMap<String, PoolConfig>,
+    policies: &BTreeMap<String, PolicyConfig>,
+) -> Result<(), Invalid> {
+    for (name, pool) in pools {
+        check(pool.ranks >= 1, format!("pools.{name}.ranks"), "must be at least 1")?;
+        check(
+            policies.values().any(|p| p.pool.as_deref() == Some(name.as_str())),
+            format!("pools.{name}"),
+            "no policy names this pool (policies.<name>.pool)",
+        )?;
+    }
+    for (name, policy) in policies {
+        let key = format!("policies.{name}.pool");
+        match &policy.pool {
+            Some(pool) => check(
+                pools.contains_key(pool),
+                key,
+                format!("names no pool; the pools are: {}", pools.keys().cloned().collect::<Vec<_>>().join(", ")),
+            )?,
+            None => check(pools.is_empty(), key, "is missing: with pools, every policy is in one")?,
+        }
+    }
+    Ok(())
 }
 
 /// An error unless the pools' ranks add up to a world of `world` ranks.
