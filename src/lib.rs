@@ -11,6 +11,7 @@ pub mod contain;
 pub mod engine;
 pub mod envs;
 pub mod inspect;
+pub mod limits;
 pub mod model;
 pub mod pipeline;
 pub mod play;

@@ -5,7 +5,6 @@
 //! train split, so every task is seen once per epoch. A shard `i/n` keeps the tasks
 //! whose position in the batch is i mod n.
 
-use crate::config::RunConfig;
 use crate::rng::{Key, epoch_permutation, stream};
 use crate::store::{self, Partition, RunStore, Shard, Split, Stage, StageId, StoredMarker};
 use crate::tables::TaskRow;
@@ -34,10 +33,16 @@ pub async fn read(store: &RunStore, split: Split) -> Result<(StoredMarker, Vec<T
     Ok((prepared, rows))
 }
 
-/// The tasks of iteration k (or of one shard of it).
-pub fn batch(train: &[TaskRow], config: &RunConfig, iteration: u32, shard: Option<Shard>) -> Vec<TaskRow> {
-    let b = config.rollout.tasks_per_iteration as usize;
-    batch_indices(train.len(), b, config.seed, iteration)
+/// The tasks of iteration k (or of one shard of it): `tasks_per_iteration` of them
+/// (`rollout.tasks_per_iteration`), shuffled by the run's seed.
+pub fn batch(
+    train: &[TaskRow],
+    tasks_per_iteration: u32,
+    seed: u64,
+    iteration: u32,
+    shard: Option<Shard>,
+) -> Vec<TaskRow> {
+    batch_indices(train.len(), tasks_per_iteration as usize, seed, iteration)
         .into_iter()
         .enumerate()
         .filter(|(i, _)| shard.is_none_or(|s| s.holds(*i)))

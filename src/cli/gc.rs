@@ -1,4 +1,4 @@
-use petting::config::Retention;
+use petting::policies::Retention;
 use petting::policies::doomed_files;
 use petting::store::RunStore;
 

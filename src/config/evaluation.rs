@@ -2,10 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::EngineKind;
 use crate::model::SamplingConfig;
+use crate::play::OverlongPrompt;
 use crate::validate::{Invalid, check};
-
-use super::{EngineKind, OverlongPrompt};
 
 /// `evaluation:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -1,11 +1,11 @@
 //! The `iteration.yaml` schema: the run file, loaded, overridden with `--set`, and
 //! validated once, here.
 //!
-//! A section's type lives with the module it configures when that module reads nothing
-//! else of the run file (`env` in `envs`, `workflow` in `workflows`, `algorithm` in
-//! `algo`, model settings in `model`); the sections of the modules that are handed the
-//! whole run config (the stages, `policies`, the sampling `engine`) live here, one file
-//! each, so that `config` imports none of them. A stage reads its own section; a value
+//! A section's type lives with the module it configures (`env` in `envs`, `workflow` in
+//! `workflows`, `algorithm` in `algo`, model settings in `model`, `policies:` in
+//! `policies`, the engines and `vllm:` in `engine`, `limits:` in `limits`), which is handed
+//! its values, never the run file. The stages are handed the whole run config, since
+//! each reads several sections; their own sections live here, one file each. A value
 //! that spans sections (the behaviour temperature and the loss aggregation the update
 //! takes from the rollout's sampling) is a method of [`RunConfig`], here.
 //!
@@ -23,15 +23,16 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::algo::AlgorithmConfig;
+use crate::engine::{EngineKind, VllmConfig};
 use crate::envs::EnvConfig;
 use crate::envs::dataset::DataConfig;
+use crate::limits::Limits;
+use crate::play::RolloutMode;
+use crate::policies::{ModelInit, PolicyConfig, Retention};
 use crate::validate::{Invalid, check};
 use crate::workflows::{ALONE_OVER_TURNS, Agent, WorkflowConfig, WorkflowKind};
 
-mod engine;
 mod evaluation;
-mod limits;
-mod policies;
 pub mod pools;
 pub mod reference;
 mod renamed;
@@ -39,13 +40,10 @@ mod rollout;
 mod update;
 mod warm_start;
 
-pub use engine::{EngineKind, VllmConfig};
 pub use evaluation::{EvalMode, EvaluationConfig};
-pub use limits::Limits;
-pub use policies::{ModelInit, PolicyConfig, Retention};
 pub use pools::PoolConfig;
 pub use renamed::Renamed;
-pub use rollout::{OverlongPrompt, RolloutConfig, RolloutMode, Selection};
+pub use rollout::RolloutConfig;
 pub use update::{Recompute, UpdateConfig};
 pub use warm_start::WarmStartConfig;
 

@@ -9,7 +9,7 @@ use std::ops::Range;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::PolicyConfig;
+use crate::policies::PolicyConfig;
 use crate::validate::{Invalid, check};
 
 /// One pool of ranks (`pools.<name>`).

@@ -2,10 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::EngineKind;
 use crate::model::SamplingConfig;
+use crate::play::{OverlongPrompt, RolloutMode, Selection};
 use crate::validate::{Invalid, check};
-
-use super::EngineKind;
 
 /// `rollout:` in a run's config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -106,34 +106,4 @@ pub(super) fn check_kv_cache_gib(gib: Option<f64>, key: &str) -> Result<(), Inva
         key,
         "must be a positive number of GiB (unset: a share of the device's free memory)",
     )
-}
-
-/// How candidates are sampled (`rollout.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RolloutMode {
-    Tree,
-    Independent,
-}
-
-/// Which of a tree node's candidates continues the trajectory (`rollout.select`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Selection {
-    /// Highest mixed reward; ties go to the lowest branch.
-    BestReward,
-    /// Always branch 0 (a random pick, since branches are exchangeable).
-    First,
-}
-
-/// What a prompt longer than the limit does (`rollout.overlong_prompt`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum OverlongPrompt {
-    /// The stage fails, naming the limit.
-    #[default]
-    Error,
-    /// The task is left out: none of its rows are written, and the stage's commit
-    /// marker lists it (`commits.skipped_tasks`).
-    Skip,
 }

@@ -4,6 +4,7 @@ use super::*;
 use crate::algo::Algorithm;
 use crate::envs::plan_path::PlanPathConfig;
 use crate::model::Device;
+use crate::play::OverlongPrompt;
 
 const MINIMAL: &str = "
 store: runs/x

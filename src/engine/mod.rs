@@ -22,15 +22,15 @@
 //! re-tokenised and what the update trains on is exactly what was sampled.
 
 pub mod client;
+mod config;
 pub mod fingerprint;
 mod responder;
 pub mod server;
 mod stage;
 pub mod sync;
 
-use crate::config::EngineKind;
-
 pub use client::VllmClient;
+pub use config::{EngineKind, VllmConfig};
 use responder::{ModelResponder, VllmResponder};
 pub use server::{ManagedServer, ServerSlot};
 pub use stage::StageEngine;

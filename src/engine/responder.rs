@@ -8,12 +8,11 @@ use std::time::Instant;
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::config::EngineKind;
 use crate::model::{GenerationRequest, GenerationSettings, SamplingConfig};
 use crate::policies::LoadedPolicies;
 
 use super::client::CompletionRequest;
-use super::{Error, Prompt, Reply, Responder, Served, VllmClient};
+use super::{EngineKind, Error, Prompt, Reply, Responder, Served, VllmClient};
 
 /// Answers prompts with loaded policies, by name.
 pub struct ModelResponder<'a> {

@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Error, LogHint, VllmClient};
-use crate::config::VllmConfig;
+use super::{Error, LogHint, VllmClient, VllmConfig};
 
 /// A started server process.
 #[derive(Debug)]

@@ -3,12 +3,11 @@
 
 use std::path::PathBuf;
 
-use crate::config::{EngineKind, RunConfig};
 use crate::model::{GenerationSettings, KvBudget, SamplingConfig};
 use crate::policies::{self, LoadedPolicies};
 use crate::store::{RunStore, layout};
 
-use super::{Error, ModelResponder, Responder, Served, ServerSlot, VllmClient, VllmResponder};
+use super::{EngineKind, Error, ModelResponder, Responder, Served, ServerSlot, VllmClient, VllmConfig, VllmResponder};
 
 /// How one stage samples.
 pub enum StageEngine {
@@ -17,35 +16,38 @@ pub enum StageEngine {
 }
 
 impl StageEngine {
-    /// For `kind`: with vLLM, the run's server (started in `server` when the config says
-    /// how) holding exactly the loaded versions, checked by fingerprint and probe.
+    /// For `kind`: with vLLM, the run's server (started in `server` when `vllm` says how)
+    /// holding exactly the loaded versions, checked by fingerprint and probe. A server
+    /// started for a run that is not on local disk logs under `run_name` in the cache.
     pub async fn prepare(
         kind: EngineKind,
         kv_cache_gib: Option<f64>,
+        vllm: Option<&VllmConfig>,
+        run_name: &str,
         store: &RunStore,
-        config: &RunConfig,
         loaded: &mut LoadedPolicies,
         server: &ServerSlot,
     ) -> Result<StageEngine, Error> {
-        let vllm = match (kind, &config.vllm) {
+        let vllm = match (kind, vllm) {
             (EngineKind::Tch, _) => return Ok(StageEngine::Tch { kv_cache_gib }),
             (EngineKind::Vllm, Some(vllm)) => vllm,
             (EngineKind::Vllm, None) => return Err(Error::Unsupported("engine: vllm needs a vllm: section".into())),
         };
-        let client = server.client(vllm, &log_dir(store, config)).await?;
+        let client = server.client(vllm, &log_dir(store, run_name)).await?;
         let markers = store.markers().await?;
         let mut checkpoints = Vec::new();
-        for name in config.policies.keys() {
-            let Some(member) = loaded.member(name).cloned() else { continue };
+        for name in loaded.names() {
+            let member = loaded.member(&name).cloned().expect("a loaded member");
             // The checkpoint alone: an adapter's base is on the server already.
-            let dir = policies::checkpoint_folder(store, &markers, name, member.version).await?;
-            let tied_embeddings = loaded.model(name).is_some_and(|(p, _)| p.config().tie_word_embeddings);
+            let dir = policies::checkpoint_folder(store, &markers, &name, member.version).await?;
+            let tied_embeddings = loaded.model(&name).is_some_and(|(p, _)| p.config().tie_word_embeddings);
+            let lora = loaded.is_lora(&name);
             checkpoints.push(super::sync::Checkpoint {
-                policy: name.clone(),
+                policy: name,
                 version: member.version,
                 weights_sha256: member.weights_sha256,
                 dir,
-                lora: loaded.is_lora(name),
+                lora,
                 tied_embeddings,
             });
         }
@@ -84,7 +86,6 @@ impl StageEngine {
 
 /// Where a server started for the run logs: beside a local run (`_logs/`), else in the
 /// local cache under the run's name.
-fn log_dir(store: &RunStore, config: &RunConfig) -> PathBuf {
-    policies::local_dir(store, layout::LOGS_DIR)
-        .unwrap_or_else(|| policies::cache_root().join("logs").join(config.run_name()))
+fn log_dir(store: &RunStore, run_name: &str) -> PathBuf {
+    policies::local_dir(store, layout::LOGS_DIR).unwrap_or_else(|| policies::cache_root().join("logs").join(run_name))
 }

@@ -23,8 +23,7 @@ use crate::model::{META_FILE, MicroBatching, OPTIMIZER_FILE, ScoreRequest};
 use crate::policies::LoadedPolicies;
 
 use super::fingerprint::{self, Fingerprint};
-use super::{Error, VllmClient};
-use crate::config::VllmConfig;
+use super::{Error, VllmClient, VllmConfig};
 
 /// The text of the probe: ordinary prose and digits, rendered by the policy's template.
 const PROBE_TEXT: &str = "Check: 17 + 25 = 42. The quick brown fox jumps over the lazy dog, then writes print(6 * 7).";

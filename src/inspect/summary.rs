@@ -4,16 +4,15 @@
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::algo::mixed_reward_sql;
-use crate::config::RunConfig;
 use crate::sql::RunSql;
 use crate::store::RunStore;
 
 use super::Error;
 
 /// One line for iteration `k`.
-pub async fn iteration(store: &RunStore, config: &RunConfig, k: u32) -> Result<String, Error> {
+pub async fn iteration(store: &RunStore, alpha: f64, k: u32) -> Result<String, Error> {
     let sql = RunSql::open(store).await?;
-    let reward = mixed_reward_sql(config.algorithm.alpha);
+    let reward = mixed_reward_sql(alpha);
     let rewards = scalar(
         &sql,
         &format!(

@@ -218,7 +218,7 @@ pub async fn run(
                     let report = store.prune(&doomed, &retention.to_string(), false).await?;
                     events(Event::Pruned { files: report.files.len(), bytes: report.bytes() });
                 }
-                let summary = summary::iteration(store, config, k).await?;
+                let summary = summary::iteration(store, config.algorithm.alpha, k).await?;
                 events(Event::IterationDone { iteration: k, summary: &summary });
             }
         }

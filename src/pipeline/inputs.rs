@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{ModelInit, RunConfig};
+use crate::config::RunConfig;
 use crate::model::{self, ModelConfig, SafetensorsSet};
+use crate::policies::ModelInit;
 use crate::stages::prepare_data;
 
 #[derive(Debug, thiserror::Error)]

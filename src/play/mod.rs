@@ -18,10 +18,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::config::{OverlongPrompt, RolloutMode, RunConfig, Selection};
 use crate::engine::{Prompt, Reply, Responder};
-use crate::envs::AnyEnv;
 use crate::envs::hosted::{Hosted, Session};
+use crate::envs::{AnyEnv, EnvConfig};
+use crate::limits::Limits;
 use crate::progress::Progress;
 use crate::rng::{stream, text_key};
 use crate::sandbox::{Program, RunOutput, Sandbox};
@@ -30,6 +30,9 @@ use crate::workflows::{Agent, Episode, TurnOutcome, WorkflowKind, run_program};
 
 mod hosted;
 pub mod programs;
+mod settings;
+pub use settings::{OverlongPrompt, RolloutMode, Selection};
+
 use hosted::{credit, hosted_id, hosted_session, judge_answers, judged, make_hosted, step_hosted};
 
 /// One episode to play: a task's environment, and the key its random streams use.
@@ -75,30 +78,30 @@ impl Games {
     }
 }
 
-/// The games of `tasks` rows. A hosted environment's host is started here, and lives
-/// as long as the games.
-pub fn games(config: &RunConfig, tasks: &[TaskRow]) -> Result<Games, Error> {
+/// The games of `tasks` rows in `env`, played by `team`. A hosted environment's host is
+/// started here, and lives as long as the games.
+pub fn games(env: &EnvConfig, team: &[Agent], limits: &Limits, tasks: &[TaskRow]) -> Result<Games, Error> {
     let game = |t: &TaskRow, env| Game { task_id: t.task_id.clone(), env };
-    if let Some(program) = config.env.agent_program() {
+    if let Some(program) = env.agent_program() {
         let tasks = tasks.iter().map(|t| (t.task_id.clone(), t.instance.clone())).collect();
         return Ok(Games::Programs(programs::Programs {
             config: program.clone(),
             tasks,
-            team: config.team(),
-            limits: config.limits.clone(),
+            team: team.to_vec(),
+            limits: limits.clone(),
         }));
     }
-    if let Some(scorer) = config.env.scorer() {
-        let session = Session::start(scorer, &config.team(), config.limits.host_message_bytes)?;
-        let games = tasks.iter().map(|t| Ok(game(t, judged(&config.env, &session, &t.instance)?)));
+    if let Some(scorer) = env.scorer() {
+        let session = Session::start(scorer, team, limits.host_message_bytes)?;
+        let games = tasks.iter().map(|t| Ok(game(t, judged(env, &session, &t.instance)?)));
         return games.collect::<Result<_, Error>>().map(Games::Envs);
     }
-    let games: Result<Vec<Game>, Error> = match config.env.hosted() {
+    let games: Result<Vec<Game>, Error> = match env.hosted() {
         Some(hosted) => {
-            let session = Session::start(hosted, &config.team(), config.limits.host_message_bytes)?;
+            let session = Session::start(hosted, team, limits.host_message_bytes)?;
             tasks.iter().map(|t| Ok(game(t, AnyEnv::Hosted(Hosted::new(&session, &t.instance, t.seed)?)))).collect()
         }
-        None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(&config.env, &t.instance)?))).collect(),
+        None => tasks.iter().map(|t| Ok(game(t, AnyEnv::from_instance(env, &t.instance)?))).collect(),
     };
     games.map(Games::Envs)
 }
@@ -601,7 +604,7 @@ mod tests {
                         text,
                         finish_reason: "eos".into(),
                         seconds: 0.0,
-                        engine: crate::config::EngineKind::Tch,
+                        engine: crate::engine::EngineKind::Tch,
                         engine_model: "scripted".into(),
                     }
                 })

@@ -16,11 +16,13 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::config::RunConfig;
 use crate::model::LanguageModel;
 use crate::store::{PolicyRef, RunStore, StoredMarker};
 
-use super::{BaseRef, Error, Fetched, fetch, find};
+use super::{BaseRef, Error, Fetched, PolicyConfig, fetch, find};
+
+/// The run's policies by name (`policies:`).
+type Configs = BTreeMap<String, PolicyConfig>;
 
 /// One policy in memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +52,11 @@ pub struct LoadedPolicies {
 }
 
 impl LoadedPolicies {
+    /// The members' names, in name order.
+    pub fn names(&self) -> Vec<String> {
+        self.members.keys().cloned().collect()
+    }
+
     pub fn member(&self, name: &str) -> Option<&Member> {
         self.members.get(name)
     }
@@ -100,10 +107,10 @@ impl LoadedPolicies {
 
     /// Loads a fetched checkpoint: a full model as a model of its own, an adapter onto
     /// the model already holding its base (same weights, device and dtype) or a new one.
-    pub fn add(&mut self, config: &RunConfig, fetched: Fetched) -> Result<(), Error> {
-        let policy_config = config.policies.get(&fetched.name).ok_or_else(|| Error::UnknownPolicy {
+    pub fn add(&mut self, configs: &Configs, fetched: Fetched) -> Result<(), Error> {
+        let policy_config = configs.get(&fetched.name).ok_or_else(|| Error::UnknownPolicy {
             policy: fetched.name.clone(),
-            known: config.policies.keys().cloned().collect(),
+            known: configs.keys().cloned().collect(),
         })?;
         let options = policy_config.load_options();
         let (model, lora) = match fetched.base {
@@ -147,26 +154,26 @@ impl LoadedPolicies {
         self.members.values_mut().for_each(|m| m.model = 0);
     }
 
-    /// Whether every member is a policy of `config` at version `version` as committed
+    /// Whether every member is a policy of `configs` at version `version` as committed
     /// (some policies may be missing).
-    fn all_at(&self, markers: &[StoredMarker], config: &RunConfig, version: u32) -> bool {
+    fn all_at(&self, markers: &[StoredMarker], configs: &Configs, version: u32) -> bool {
         self.members.iter().all(|(name, m)| {
             let committed = find(markers, name, version).ok().map(|(_, c)| &c.weights_sha256);
-            config.policies.contains_key(name) && m.version == version && Some(&m.weights_sha256) == committed
+            configs.contains_key(name) && m.version == version && Some(&m.weights_sha256) == committed
         })
     }
 
-    /// Loads version `version` of every policy of `config` that is not a member yet.
+    /// Loads version `version` of every policy of `configs` that is not a member yet.
     async fn load_missing(
         &mut self,
         store: &RunStore,
         markers: &[StoredMarker],
-        config: &RunConfig,
+        configs: &Configs,
         version: u32,
     ) -> Result<(), Error> {
-        for name in config.policies.keys() {
+        for name in configs.keys() {
             if !self.members.contains_key(name) {
-                self.add(config, fetch(store, markers, name, version).await?)?;
+                self.add(configs, fetch(store, markers, name, version).await?)?;
             }
         }
         Ok(())
@@ -174,18 +181,18 @@ impl LoadedPolicies {
 }
 
 /// Version `version` of every policy of the run, each file checked against its marker.
-pub async fn load_all(store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
+pub async fn load_all(store: &RunStore, configs: &Configs, version: u32) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
     let mut loaded = LoadedPolicies::default();
-    loaded.load_missing(store, &markers, config, version).await?;
+    loaded.load_missing(store, &markers, configs, version).await?;
     Ok(loaded)
 }
 
 /// Version `version` of one policy.
-pub async fn load(store: &RunStore, config: &RunConfig, name: &str, version: u32) -> Result<LoadedPolicies, Error> {
+pub async fn load(store: &RunStore, configs: &Configs, name: &str, version: u32) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
     let mut loaded = LoadedPolicies::default();
-    loaded.add(config, fetch(store, &markers, name, version).await?)?;
+    loaded.add(configs, fetch(store, &markers, name, version).await?)?;
     Ok(loaded)
 }
 
@@ -202,11 +209,11 @@ impl Resident {
     /// version with the digest its commit marker records, and the policies not resident
     /// loaded from the store; else all from the store (the resident set dropped first,
     /// so two sets are never in memory).
-    pub async fn take(&self, store: &RunStore, config: &RunConfig, version: u32) -> Result<LoadedPolicies, Error> {
+    pub async fn take(&self, store: &RunStore, configs: &Configs, version: u32) -> Result<LoadedPolicies, Error> {
         let markers = store.markers().await?;
         let resident = self.policies.lock().expect("resident policies").take();
-        let mut loaded = resident.filter(|l| l.all_at(&markers, config, version)).unwrap_or_default();
-        loaded.load_missing(store, &markers, config, version).await?;
+        let mut loaded = resident.filter(|l| l.all_at(&markers, configs, version)).unwrap_or_default();
+        loaded.load_missing(store, &markers, configs, version).await?;
         Ok(loaded)
     }
 

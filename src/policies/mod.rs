@@ -1,12 +1,12 @@
 //! The trainable policies: the one place that turns store checkpoints into [`LanguageModel`]
-//! values and back (their section of the run file, `policies:`, is in `config`).
+//! values and back, configured by their section of the run file (`policies:`, config.rs).
 //!
 //! ```text
 //!  _commits/…/update.json ─ checkpoints: [{policy, version, dir, weights_sha256}]
 //!          │                files: [{dir/model.safetensors, bytes, sha256}, …]
 //!          ▼
 //!  latest(store, name) ──► PolicyRef of the highest committed version
-//!  load_all(store, config, v) = fetch + LoadedPolicies::add, for every policy
+//!  load_all(store, configs, v) = fetch + LoadedPolicies::add, for every policy
 //!     1. find the marker that committed (name, v); list the files under its dir
 //!     2. local run: hash the files in place; other stores: copy them into the cache
 //!        <cache>/checkpoints/<sha256 of the file list>/ (kept while the hashes match)
@@ -22,6 +22,7 @@
 //! and found again by its weights sha256, which every adapter's `meta.json` records.
 //! The adapter is attached to the loaded policy under the policy's own name.
 
+mod config;
 mod files;
 mod loaded;
 mod retention;
@@ -31,10 +32,10 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use crate::config::RunConfig;
 use crate::model::{self, AdamWState, CheckpointMeta, LanguageModel, META_FILE, OPTIMIZER_FILE, SaveAs};
 use crate::store::{self, CheckpointRef, PolicyRef, RunStore, StageWriter, StoredMarker};
 
+pub use config::{ModelInit, PolicyConfig, Retention};
 use files::materialise_file;
 use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
 pub(crate) use files::{cache_root, local_dir, materialise};
@@ -88,18 +89,18 @@ pub struct BaseRef {
 /// iteration k's rollout samples with.
 pub async fn load_current(
     store: &RunStore,
-    config: &RunConfig,
+    configs: &BTreeMap<String, PolicyConfig>,
     iteration: u32,
     resident: &Resident,
 ) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
-    for name in config.policies.keys() {
+    for name in configs.keys() {
         let latest = latest_in(&markers, name).map(|r| r.version);
         if latest != Some(iteration) {
             return Err(Error::StaleVersion { policy: name.clone(), wanted: iteration, latest });
         }
     }
-    resident.take(store, config, iteration).await
+    resident.take(store, configs, iteration).await
 }
 
 /// The latest committed version of `name` (its PolicyRef from the newest marker that

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::Retention;
+use super::Retention;
 use crate::model::{META_FILE, OPTIMIZER_FILE};
 use crate::store::{FileEntry, StoredMarker};
 

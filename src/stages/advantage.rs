@@ -4,6 +4,7 @@
 //! `Algorithm::advantages`) as window functions over the candidate's group; groups
 //! without signal (one member, all rewards equal) get zero.
 
+use crate::algo::AlgorithmConfig;
 use crate::config::RunConfig;
 use crate::schema::Table;
 use crate::store::{CommitMarker, RunStore, Stage, StageId};
@@ -15,11 +16,11 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     let mut read = inputs(store, stage, Stage::Rollout, iteration).await?;
     read.extend(inputs(store, stage, Stage::Group, iteration).await?);
     verify_inputs(store, &read).await?;
-    commit_query(store, stage, Table::Samples, &query(config, iteration), config, &read).await
+    commit_query(store, stage, Table::Samples, &query(&config.algorithm, iteration), config, &read).await
 }
 
-fn query(config: &RunConfig, iteration: u32) -> String {
-    let advantage = config.algorithm.name.advantage_sql(config.algorithm.std_epsilon);
+fn query(algorithm: &AlgorithmConfig, iteration: u32) -> String {
+    let advantage = algorithm.name.advantage_sql(algorithm.std_epsilon);
     format!(
         "WITH scored AS ({scored}),
          windowed AS (
@@ -35,6 +36,6 @@ fn query(config: &RunConfig, iteration: u32) -> String {
                 response_token_count
          FROM windowed w JOIN kept ON w.group_id = kept.group_id
          ORDER BY candidate_id",
-        scored = scored_sql(config, iteration),
+        scored = scored_sql(algorithm, iteration),
     )
 }

@@ -52,13 +52,20 @@ pub async fn run(
     test.truncate(config.evaluation.tasks as usize);
     let test: Vec<_> =
         test.into_iter().enumerate().filter(|(i, _)| shard.is_none_or(|s| s.holds(*i))).map(|(_, t)| t).collect();
-    let games = play::games(config, &test)?;
-    let mut loaded = session.policies.take(store, config, iteration).await?;
+    let games = play::games(&config.env, &config.team(), &config.limits, &test)?;
+    let mut loaded = session.policies.take(store, &config.policies, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let evaluation = &config.evaluation;
-    let engine =
-        StageEngine::prepare(evaluation.engine, evaluation.kv_cache_gib, store, config, &mut loaded, &session.server)
-            .await?;
+    let engine = StageEngine::prepare(
+        evaluation.engine,
+        evaluation.kv_cache_gib,
+        config.vllm.as_ref(),
+        &config.run_name(),
+        store,
+        &mut loaded,
+        &session.server,
+    )
+    .await?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     let mut skipped_tasks: Vec<String> = Vec::new();

@@ -6,6 +6,7 @@
 //! `groups` with size, mean, unbiased std, the degenerate flag and whether the
 //! configured filters keep it.
 
+use crate::algo::AlgorithmConfig;
 use crate::config::RunConfig;
 use crate::schema::Table;
 use crate::store::{CommitMarker, RunStore, Stage, StageId};
@@ -16,12 +17,12 @@ pub async fn run(store: &RunStore, config: &RunConfig, iteration: u32) -> Result
     let stage = StageId::at(Stage::Group, iteration);
     let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
     verify_inputs(store, &rollout).await?;
-    commit_query(store, stage, Table::Groups, &query(config, iteration), config, &rollout).await
+    commit_query(store, stage, Table::Groups, &query(&config.algorithm, iteration), config, &rollout).await
 }
 
-fn query(config: &RunConfig, iteration: u32) -> String {
-    let (agent, turn) = config.algorithm.name.grouping().agent_turn_sql();
-    let filter = &config.algorithm.filter;
+fn query(algorithm: &AlgorithmConfig, iteration: u32) -> String {
+    let (agent, turn) = algorithm.name.grouping().agent_turn_sql();
+    let filter = &algorithm.filter;
     // Filters as in algo::advantage::kept_groups: degenerate groups first, then the
     // lowest-mean fraction of the rest, ties broken by group id.
     format!(
@@ -40,7 +41,7 @@ fn query(config: &RunConfig, iteration: u32) -> String {
          SELECT group_id, task_id, agent, turn, size, mean, std, degenerate,
                 candidate AND position > floor(candidate_count * {fraction}) AS kept
          FROM ranked ORDER BY group_id",
-        scored = scored_sql(config, iteration),
+        scored = scored_sql(algorithm, iteration),
         drop_degenerate = filter.drop_degenerate,
         fraction = sql_float(filter.drop_lowest_mean_fraction),
     )

@@ -291,9 +291,9 @@ fn sql_float(value: f64) -> String {
 
 /// Each candidate of the iteration with its group (`group_id`) and mixed reward
 /// (`reward`): what group and advantage compute over.
-fn scored_sql(config: &RunConfig, iteration: u32) -> String {
-    let key = config.algorithm.name.grouping().key_sql();
-    let reward = config.algorithm.reward_sql();
+fn scored_sql(algorithm: &crate::algo::AlgorithmConfig, iteration: u32) -> String {
+    let key = algorithm.name.grouping().key_sql();
+    let reward = algorithm.reward_sql();
     format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
 }
 

@@ -31,12 +31,12 @@ use std::collections::{HashMap, HashSet};
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::config::ModelInit;
 use crate::config::RunConfig;
 use crate::envs::dataset::DatasetFile;
 use crate::envs::hosted::Session;
 use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset, math};
 use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
+use crate::policies::ModelInit;
 use crate::rng::{Key, SplitMix64, stream};
 use crate::sandbox::{Sandbox, SandboxConfig};
 use crate::schema::Table;

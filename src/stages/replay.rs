@@ -71,7 +71,10 @@ pub async fn run(
     }
     let markers: Vec<&CommitMarker> = source_markers.iter().map(|m| &m.marker).collect();
     let (prepared, train) = tasks::read(store, Split::Train).await?;
-    let batch: HashSet<String> = tasks::batch(&train, config, k, shard).into_iter().map(|t| t.task_id).collect();
+    let batch: HashSet<String> = tasks::batch(&train, config.rollout.tasks_per_iteration, config.seed, k, shard)
+        .into_iter()
+        .map(|t| t.task_id)
+        .collect();
     let run = config.run_name();
     let rows: Vec<TurnRow> = source
         .read_rows::<TurnRow>(&markers)

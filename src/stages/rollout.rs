@@ -6,8 +6,9 @@
 //! are per task, so shards together write exactly the rows one unsharded rollout writes.
 //! A replay fork's rollout is not sampled here: the pipeline runs `replay` instead.
 
-use crate::config::{Limits, RunConfig};
+use crate::config::RunConfig;
 use crate::engine::StageEngine;
+use crate::limits::Limits;
 use std::collections::HashMap;
 
 use crate::play::{self, Branching, Played, Setup};
@@ -39,16 +40,24 @@ pub async fn run(
     super::refuse_if_committed(store, stage).await?;
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
-    let batch = tasks::batch(&train, config, iteration, shard);
+    let batch = tasks::batch(&train, config.rollout.tasks_per_iteration, config.seed, iteration, shard);
     let setup = setup(config, iteration);
-    let games = play::games(config, &batch)?;
+    let games = play::games(&config.env, &config.team(), &config.limits, &batch)?;
     // Agent programs import while the policies load.
     let started = games.start(&setup)?;
-    let mut loaded = policies::load_current(store, config, iteration, &session.policies).await?;
+    let mut loaded = policies::load_current(store, &config.policies, iteration, &session.policies).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
-    let engine =
-        StageEngine::prepare(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded, &session.server).await?;
+    let engine = StageEngine::prepare(
+        rollout.engine,
+        rollout.kv_cache_gib,
+        config.vllm.as_ref(),
+        &config.run_name(),
+        store,
+        &mut loaded,
+        &session.server,
+    )
+    .await?;
     let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {

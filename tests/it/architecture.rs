@@ -104,6 +104,23 @@ fn every_import_runs_the_way_architecture_md_draws() {
     assert!(against.is_empty(), "imports against ARCHITECTURE.md:\n{}", against.join("\n"));
 }
 
+/// A right drawn but unused would let a layer's imports drift back up unseen (as `config`
+/// once sat below the modules it configures), so the table says exactly what is imported.
+#[test]
+fn every_drawn_import_is_used() {
+    let mut unused = Vec::new();
+    for (module, files) in modules() {
+        let used: BTreeSet<String> =
+            files.iter().flat_map(|f| crate_imports(&std::fs::read_to_string(f).unwrap())).collect();
+        for allowed in drawn().get(&module).into_iter().flatten() {
+            if !used.contains(allowed) {
+                unused.push(format!("{module} may import {allowed} but does not"));
+            }
+        }
+    }
+    assert!(unused.is_empty(), "ARCHITECTURE.md grants more than the code uses:\n{}", unused.join("\n"));
+}
+
 #[test]
 fn no_stage_imports_another() {
     let stages: BTreeMap<String, PathBuf> = std::fs::read_dir(repo_root().join("src/stages"))

@@ -218,7 +218,7 @@ fn scripted(prompt: &petting::engine::Prompt, text: String) -> petting::engine::
         text,
         finish_reason: "eos".into(),
         seconds: 0.0,
-        engine: petting::config::EngineKind::Tch,
+        engine: petting::engine::EngineKind::Tch,
         engine_model: "scripted".into(),
     }
 }
@@ -239,10 +239,10 @@ fn play_alone(
         policies: [(Agent::SINGLE, "shared".to_string())].into(),
         branching: Branching::Independent { episodes: 2 },
         seed_keys: vec![3],
-        overlong_prompt: petting::config::OverlongPrompt::Error,
+        overlong_prompt: petting::play::OverlongPrompt::Error,
     };
     let sandbox = petting::sandbox::Sandbox::new(Default::default()).unwrap();
-    let games = games(config, tasks).unwrap();
+    let games = games(&config.env, &config.team(), &config.limits, tasks).unwrap();
     play(games.start(&setup).unwrap(), &setup, responder, &sandbox, &petting::progress::Quiet).unwrap()
 }
 

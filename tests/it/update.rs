@@ -193,7 +193,7 @@ fn turn(
 pub(crate) async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<TurnRow> {
     // The policies advance together: one latest version for all.
     let version = policies::latest(&run.store, "plan_p").await.unwrap().unwrap().version;
-    let mut loaded = policies::load_all(&run.store, &run.config, version).await.unwrap();
+    let mut loaded = policies::load_all(&run.store, &run.config.policies, version).await.unwrap();
     for name in run.config.policies.keys() {
         let latest = policies::latest(&run.store, name).await.unwrap().unwrap();
         assert_eq!(loaded.member(name).unwrap().weights_sha256, latest.weights_sha256);
@@ -324,7 +324,7 @@ fn update_trains_each_policy_on_its_own_samples_and_commits_the_next_version() {
         for policy in ["plan_p", "tool_p"] {
             let latest = policies::latest(&run.store, policy).await.unwrap().unwrap();
             assert_eq!(latest.version, 1);
-            let mut loaded = policies::load(&run.store, &run.config, policy, 1).await.unwrap();
+            let mut loaded = policies::load(&run.store, &run.config.policies, policy, 1).await.unwrap();
             assert_eq!(loaded.member(policy).unwrap().weights_sha256, latest.weights_sha256);
             assert_eq!(loaded.model(policy).unwrap().1.is_some(), policy == "plan_p");
         }
@@ -438,7 +438,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
     // The sharded base scores as the single file does.
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
     let mut direct = LanguageModel::load(&fixture(), &LoadOptions::default()).unwrap();
-    let mut loaded = block_on(policies::load(&run.store, &run.config, "plan_p", 0)).unwrap();
+    let mut loaded = block_on(policies::load(&run.store, &run.config.policies, "plan_p", 0)).unwrap();
     let (policy, adapter) = loaded.model("plan_p").unwrap();
     let on = ScoreRequest { adapter: adapter.map(str::to_owned), ..request.clone() };
     assert_eq!(policy.score(&[on], 64).unwrap(), direct.score(&[request], 64).unwrap());
@@ -446,7 +446,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
     let marker = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap();
     let sha = |m: &CommitMarker| m.checkpoints.iter().find(|c| c.policy == "plan_p").unwrap().weights_sha256.clone();
     assert_ne!(sha(&v0), sha(&marker), "the adapter trained");
-    let mut v1 = block_on(policies::load(&run.store, &run.config, "plan_p", 1)).unwrap();
+    let mut v1 = block_on(policies::load(&run.store, &run.config.policies, "plan_p", 1)).unwrap();
     assert!(v1.model("plan_p").unwrap().1.is_some());
 }
 
@@ -606,7 +606,7 @@ fn update_refuses_a_checkpoint_whose_weights_give_non_finite_logprobs() {
     // The rollout's rows are sound, but the copy of plan_p (trained first) that the
     // update finds in memory computes a NaN: its base's final norm is poisoned.
     let session = Session::default();
-    let mut loaded = block_on(policies::load_all(&run.store, &run.config, 0)).unwrap();
+    let mut loaded = block_on(policies::load_all(&run.store, &run.config.policies, 0)).unwrap();
     let (policy, _) = loaded.model("plan_p").unwrap();
     tch::no_grad(|| {
         let norm = policy.var_store().variables().into_iter().find(|(n, _)| n.ends_with("model.norm.weight")).unwrap();
@@ -630,7 +630,7 @@ fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
     let bases: std::collections::BTreeSet<&str> =
         v0.files.iter().filter(|f| f.path.contains("/base.")).map(|f| f.path.rsplit_once('/').unwrap().0).collect();
     assert_eq!(bases.len(), 1, "one copy of the base: {bases:?}");
-    let loaded = block_on(policies::load_all(&run.store, &run.config, 0)).unwrap();
+    let loaded = block_on(policies::load_all(&run.store, &run.config.policies, 0)).unwrap();
     assert_eq!(loaded.model_count(), 1, "both adapters on one base model");
     drop(loaded);
 
@@ -644,14 +644,14 @@ fn lora_policies_on_one_base_share_it_in_memory_and_in_the_store() {
     for f in v1.files.iter().filter(|f| f.path.starts_with("checkpoints/")) {
         std::fs::remove_file(run.path.join(&f.path)).unwrap();
     }
-    let mut kept = block_on(session.policies.take(&run.store, &run.config, 1)).unwrap();
+    let mut kept = block_on(session.policies.take(&run.store, &run.config.policies, 1)).unwrap();
     assert_eq!(kept.refs().len(), 2);
-    let missing = block_on(Resident::default().take(&run.store, &run.config, 1)).unwrap_err();
+    let missing = block_on(Resident::default().take(&run.store, &run.config.policies, 1)).unwrap_err();
     assert!(missing.to_string().contains("adapter"), "{missing}");
     // A member whose digest is not the committed one is not trusted: it loads from the store.
     kept.advance("tool_p", 1, "0".repeat(64));
     session.policies.give_back(kept);
-    assert!(block_on(session.policies.take(&run.store, &run.config, 1)).is_err());
+    assert!(block_on(session.policies.take(&run.store, &run.config.policies, 1)).is_err());
 }
 
 #[test]
@@ -659,7 +659,7 @@ fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
     // tool_p is a full model and plan_p an adapter on a base of its own: two models.
     let run = new_run();
     block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
-    assert_eq!(block_on(policies::load_all(&run.store, &run.config, 0)).unwrap().model_count(), 2);
+    assert_eq!(block_on(policies::load_all(&run.store, &run.config.policies, 0)).unwrap().model_count(), 2);
     block_on(rollout(&run, 0, Tamper::None));
     let twin_dir = tempfile::tempdir().unwrap();
     copy_dir(&run.path, twin_dir.path());
@@ -676,7 +676,7 @@ fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
     let session = Session::default();
     let v1 = block_on(update::run(&run.store, &run.config, 0, &Quiet, &session)).unwrap();
     remove_v1(&run.path, &v1, "tool_p");
-    let taken = block_on(session.policies.take(&run.store, &run.config, 1)).unwrap();
+    let taken = block_on(session.policies.take(&run.store, &run.config.policies, 1)).unwrap();
     assert_eq!(taken.model_count(), 2);
     let versions: Vec<(String, u32)> = taken.refs().into_iter().map(|r| (r.policy, r.version)).collect();
     assert_eq!(versions, vec![("plan_p".into(), 1), ("tool_p".into(), 1)]);
@@ -684,7 +684,7 @@ fn an_update_holds_one_model_at_a_time_and_the_next_stage_loads_the_others() {
     let session = Session::default();
     let twin_v1 = block_on(update::run(&twin, &run.config, 0, &Quiet, &session)).unwrap();
     remove_v1(twin_dir.path(), &twin_v1, "plan_p");
-    let dropped = block_on(session.policies.take(&twin, &run.config, 1)).unwrap_err();
+    let dropped = block_on(session.policies.take(&twin, &run.config.policies, 1)).unwrap_err();
     assert!(dropped.to_string().contains("plan_p"), "{dropped}");
 }
 
@@ -699,13 +699,13 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
     let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
     let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
     for name in ["tool_p", "plan_p"] {
-        let mut loaded = block_on(policies::load(&store, &config, name, 0)).unwrap();
+        let mut loaded = block_on(policies::load(&store, &config.policies, name, 0)).unwrap();
         let (policy, adapter) = loaded.model(name).unwrap();
         let on = ScoreRequest { adapter: adapter.map(str::to_owned), ..request.clone() };
         // v0 of both is the fixture's function: the copied weights, or an adapter with B = 0.
         assert_eq!(policy.score(&[on], 64).unwrap(), expected, "{name}");
     }
-    let missing = block_on(policies::load(&store, &config, "tool_p", 3)).unwrap_err().to_string();
+    let missing = block_on(policies::load(&store, &config.policies, "tool_p", 3)).unwrap_err().to_string();
     assert!(missing.contains("latest committed: v0"), "{missing}");
     assert_eq!(v0.checkpoints.len(), 2);
 }
@@ -800,7 +800,7 @@ warm_start: {{demonstrations: 4, steps: 25, batch_size: 4, optimizer: {{lr: 0.01
     }
 
     // Independently: the demonstrations' mean NLL under v0 vs the first step's (pre-update) loss.
-    let mut loaded = block_on(policies::load(&store, &config, "shared", 0)).unwrap();
+    let mut loaded = block_on(policies::load(&store, &config.policies, "shared", 0)).unwrap();
     let nll = mean_nll(loaded.model("shared").unwrap().0, &demos);
     assert!(rows[0].loss > 3.0, "a scratch model should start near ln(512): {}", rows[0].loss);
     assert!(nll < 0.5 * rows[0].loss, "SFT did not lower the loss: {} -> {nll}", rows[0].loss);

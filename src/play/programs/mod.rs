@@ -57,7 +57,7 @@ pub struct Programs {
     /// (task id, the task row as JSON), in batch order.
     pub tasks: Vec<(String, String)>,
     pub team: Vec<Agent>,
-    pub limits: crate::config::Limits,
+    pub limits: crate::limits::Limits,
 }
 
 /// What reaches the dispatcher.

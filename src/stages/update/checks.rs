@@ -3,11 +3,10 @@
 //! rollout, the latest committed checkpoint of every policy is version k and is what the
 //! rollout sampled with, and every turns and samples row carries version k.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::algo::TRUNCATED_FINISH_REASON;
-use crate::config::RunConfig;
-use crate::policies;
+use crate::policies::{self, PolicyConfig};
 use crate::schema::Table;
 use crate::store::{PolicyRef, StoredMarker};
 use crate::tables::{SampleRow, TurnRow};
@@ -62,10 +61,10 @@ pub(super) fn check_samples_come_from(
 }
 
 /// The strict on-policy checks (DESIGN §3), then each policy's sequences, in
-/// candidate order. Every policy of the config gets a training set, with or without
+/// candidate order. Every policy of `configs` gets a training set, with or without
 /// samples.
 pub(super) fn training_sets(
-    config: &RunConfig,
+    configs: &BTreeMap<String, PolicyConfig>,
     markers: &[StoredMarker],
     rollout: &[StoredMarker],
     turns: &[TurnRow],
@@ -73,7 +72,7 @@ pub(super) fn training_sets(
     iteration: u32,
 ) -> Result<Vec<TrainingSet>, Error> {
     let mut current: HashMap<&str, PolicyRef> = HashMap::new();
-    for name in config.policies.keys() {
+    for name in configs.keys() {
         let latest = policies::latest_in(markers, name).ok_or(Error::NoCheckpoint { policy: name.clone() })?;
         if latest.version != iteration {
             return Err(Error::NotAligned { policy: name.clone(), iteration, latest: latest.version });
@@ -100,8 +99,7 @@ pub(super) fn training_sets(
             sequences.entry(expected.policy.as_str()).or_default().push(sequence);
         }
     }
-    Ok(config
-        .policies
+    Ok(configs
         .keys()
         .map(|name| {
             let mut seqs = sequences.remove(name.as_str()).unwrap_or_default();

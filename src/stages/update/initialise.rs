@@ -13,9 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
-use crate::config::{ModelInit, PolicyConfig};
 use crate::model::{AdamWState, LanguageModel, ModelConfig};
-use crate::policies::{self, BaseRef, Fetched, LoadedPolicies};
+use crate::policies::{self, BaseRef, Fetched, LoadedPolicies, ModelInit, PolicyConfig};
 use crate::progress::{Progress, phase};
 use crate::rng::{Key, name_key, stream};
 use crate::schema::Table;
@@ -184,7 +183,7 @@ async fn initialise_from(
                     .map(|path| AdamWState::load(&path))
                     .transpose()?;
                 let mut loaded = LoadedPolicies::default();
-                loaded.add(config, fetched)?;
+                loaded.add(&config.policies, fetched)?;
                 let (policy, _) = loaded.model(&name).expect("just added");
                 policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref()).await?
             }

@@ -102,7 +102,7 @@ pub async fn run(
     // read_rows checks every part's size and sha256 against its marker.
     let turns: Vec<TurnRow> = store.read_rows(&rollout_markers).await?;
     let samples: Vec<SampleRow> = store.read_rows(&advantage_markers).await?;
-    let sets = checks::training_sets(config, &markers, &rollout, &turns, &samples, iteration)?;
+    let sets = checks::training_sets(&config.policies, &markers, &rollout, &turns, &samples, iteration)?;
     drop((turns, samples));
 
     // Every checkpoint is verified (or the resident one matches its marker) before
@@ -135,7 +135,7 @@ pub async fn run(
     }
     let mut loaded = match pool {
         Some(_) => LoadedPolicies::default(),
-        None => session.policies.take(store, config, iteration).await?,
+        None => session.policies.take(store, &config.policies, iteration).await?,
     };
     let mut outcome = Outcome::default();
     for (set, optimizer) in sets.into_iter().zip(optimizers) {
@@ -282,7 +282,7 @@ async fn hold_only(
 ) -> Result<(), super::Error> {
     loaded.keep_only(name);
     if loaded.member(name).is_none() {
-        loaded.add(config, policies::fetch(store, markers, name, iteration).await?)?;
+        loaded.add(&config.policies, policies::fetch(store, markers, name, iteration).await?)?;
     }
     Ok(())
 }
