@@ -115,6 +115,8 @@ pub struct TurnRow {
     pub generation_seconds: f64,
     /// Why the row's episode failed (an agent program's crash, timeout, missing verdict…).
     pub failure: Option<String>,
+    /// What the candidate's group compares it on (`algo::credit`).
+    pub credited_reward: Option<f64>,
 }
 impl Row for TurnRow {
     const TABLE: Table = Table::Turns;
@@ -406,6 +408,7 @@ mod tests {
             sampling_seed: 77,
             generation_seconds: 0.5,
             failure: None,
+            credited_reward: Some(2.5),
         };
         let batch = to_batch(std::slice::from_ref(&row)).unwrap();
         assert_eq!(from_batch::<TurnRow>(&batch).unwrap(), vec![row]);

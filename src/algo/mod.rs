@@ -9,6 +9,7 @@
 //! advantage) and tensors (`model::trainer`), and tests keep the two equal.
 
 pub mod advantage;
+pub mod credit;
 pub mod grouping;
 pub mod loss;
 pub mod schedule;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::{Invalid, check};
 
+pub use credit::Credit;
 pub use grouping::{Grouping, mixed_reward, mixed_reward_sql};
 
 /// `algorithm:` in a run's config.
@@ -41,6 +43,22 @@ pub struct AlgorithmConfig {
     pub truncated: Truncated,
     /// Added to a truncated reply's mixed reward when `truncated: penalty`.
     pub truncation_penalty: f64,
+    /// What a candidate is credited with before grouping: its turn's own mixed reward
+    /// (turn), or its return to the end of the episode (return), for games rewarded at
+    /// the end (docs/environments.md, "Rewards across turns").
+    #[serde(skip_serializing_if = "is_default")]
+    pub credit: Credit,
+    /// Discount γ of `credit: return` per turn of the agent's own, in (0, 1].
+    #[serde(skip_serializing_if = "is_one")]
+    pub gamma: f64,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+fn is_one(value: &f64) -> bool {
+    *value == 1.0
 }
 
 /// `algorithm.truncated`: how replies that ran into `max_new_tokens` train.
@@ -66,6 +84,8 @@ impl Default for AlgorithmConfig {
             filter: GroupFilter::default(),
             truncated: Truncated::Keep,
             truncation_penalty: -1.0,
+            credit: Credit::Turn,
+            gamma: 1.0,
         }
     }
 }
@@ -77,13 +97,20 @@ impl AlgorithmConfig {
         check(self.clip_epsilon > 0.0 && self.clip_epsilon < 1.0, "algorithm.clip_epsilon", "must be in (0, 1)")?;
         let f = self.filter.drop_lowest_mean_fraction;
         check((0.0..1.0).contains(&f), "algorithm.filter.drop_lowest_mean_fraction", "must be in [0, 1)")?;
-        check(self.truncation_penalty.is_finite(), "algorithm.truncation_penalty", "must be a finite number")
+        check(self.truncation_penalty.is_finite(), "algorithm.truncation_penalty", "must be a finite number")?;
+        check(self.gamma > 0.0 && self.gamma <= 1.0, "algorithm.gamma", "must be in (0, 1]")?;
+        check(
+            self.gamma == 1.0 || self.credit == Credit::Return,
+            "algorithm.gamma",
+            "discounts returns only: set algorithm.credit: return, or leave gamma at 1",
+        )
     }
 
-    /// The reward groups compare, in SQL over `turns`: the mixed reward, plus the
-    /// truncation penalty where it applies.
+    /// The reward groups compare, in SQL over `turns`: the credited reward the rollout
+    /// recorded ([`credit::credited`]; the turn's mixed reward in runs made before the
+    /// column existed), plus the truncation penalty where it applies.
     pub fn reward_sql(&self) -> String {
-        let mixed = mixed_reward_sql(self.alpha);
+        let mixed = format!("coalesce(credited_reward, {})", mixed_reward_sql(self.alpha));
         match self.truncated {
             Truncated::Penalty => format!(
                 "{mixed} + CASE WHEN finish_reason = '{TRUNCATED_FINISH_REASON}' THEN CAST({:?} AS DOUBLE) ELSE 0.0 END",

@@ -553,6 +553,25 @@ impl RunConfig {
             "an agent program cannot be forked mid-episode, so it plays independent episodes: write \
              rollout.mode: independent and rollout.episodes_per_task: K (the group of each task)",
         )?;
+        // A tree continues one candidate per node: the others' episodes end there, with
+        // no return to credit them with.
+        check(
+            self.algorithm.credit != crate::algo::Credit::Return || self.rollout.mode == RolloutMode::Independent,
+            "algorithm.credit",
+            "return credits each candidate with the rest of its episode, and a tree continues only one \
+             candidate per node; write rollout.mode: independent with an estimator that groups by task \
+             (grpo, dr_grpo), or credit: turn",
+        )?;
+        // two_players' team_reward is each mover's own result, not a shared one.
+        check(
+            self.algorithm.credit != crate::algo::Credit::Return
+                || self.workflow.kind != WorkflowKind::TwoPlayers
+                || self.algorithm.alpha == 0.0,
+            "algorithm.alpha",
+            "two_players records each mover's own result as its team_reward, so credit: return would hand the \
+             last mover's result to both players; write algorithm.alpha: 0, and each player's return is its own \
+             move rewards (a win 1, a draw 0.5, an illegal move -1)",
+        )?;
         // An agent program's calls are grouped as its estimator says, by (task, agent,
         // call index) for at_grpo: the nearest to a turn's group that independent
         // episodes have (their prompts agree at each role's first call).

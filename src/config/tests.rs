@@ -244,6 +244,33 @@ fn independent_episodes_are_refused_for_per_turn_groups_after_the_first_prompt()
 }
 
 #[test]
+fn returns_need_independent_episodes_and_gamma_needs_returns() {
+    let message = overridden(&["algorithm.credit=return"]).unwrap_err().to_string();
+    assert!(message.starts_with("it.yaml: algorithm.credit: return credits each candidate"), "{message}");
+    let independent = ["rollout.mode=independent", "algorithm.name=grpo", "algorithm.credit=return"];
+    assert_eq!(overridden(&independent).unwrap().algorithm.credit, crate::algo::Credit::Return);
+    let discounted = overridden(&[&independent[..], &["algorithm.gamma=0.9"]].concat()).unwrap();
+    assert_eq!(discounted.algorithm.gamma, 0.9);
+    let message = overridden(&["algorithm.gamma=0.9"]).unwrap_err().to_string();
+    assert!(message.contains("algorithm.gamma: discounts returns only"), "{message}");
+    let message = overridden(&[&independent[..], &["algorithm.gamma=0"]].concat()).unwrap_err().to_string();
+    assert!(message.contains("algorithm.gamma: must be in (0, 1]"), "{message}");
+    let self_play = MINIMAL
+        .replace("plan_path", "tic_tac_toe")
+        .replace("tool_planner", "two_players")
+        .replace("tool:", "player_x:")
+        .replace("planner:", "player_o:")
+        .replace("iterations: 2", "iterations: 2\nrollout: {mode: independent}");
+    let returns = "algorithm: {name: grpo, credit: return}";
+    let message = error_of(&format!("{self_play}{returns}\n"));
+    assert!(message.contains("algorithm.alpha: two_players records each mover's own result"), "{message}");
+    assert!(parse_str(&format!("{self_play}algorithm: {{name: grpo, credit: return, alpha: 0}}\n")).is_ok());
+    // Turn credit, the default, leaves the frozen config (and its digest) as before.
+    let frozen = serde_saphyr::to_string(&parse_str(MINIMAL).unwrap()).unwrap();
+    assert!(!frozen.contains("credit") && !frozen.contains("gamma"), "{frozen}");
+}
+
+#[test]
 fn a_training_rollout_refuses_top_p_and_top_k() {
     for set in ["rollout.sampling.top_p=0.9", "rollout.sampling.top_k=20"] {
         let message = overridden(&[set]).unwrap_err().to_string();

@@ -175,6 +175,7 @@ pub(crate) mod tests {
             sampling_seed: 7,
             generation_seconds: 0.1,
             failure: None,
+            credited_reward: None,
         }
     }
 

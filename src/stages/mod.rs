@@ -12,8 +12,12 @@ pub mod replay;
 pub mod rollout;
 pub mod update;
 
+use std::collections::BTreeMap;
+
 use arrow::record_batch::RecordBatch;
 
+use crate::algo::AlgorithmConfig;
+use crate::algo::credit::{self, Step};
 use crate::config::{self, RunConfig};
 use crate::engine::ServerSlot;
 use crate::policies::Resident;
@@ -291,10 +295,38 @@ fn sql_float(value: f64) -> String {
 
 /// Each candidate of the iteration with its group (`group_id`) and mixed reward
 /// (`reward`): what group and advantage compute over.
-fn scored_sql(algorithm: &crate::algo::AlgorithmConfig, iteration: u32) -> String {
+fn scored_sql(algorithm: &AlgorithmConfig, iteration: u32) -> String {
     let key = algorithm.name.grouping().key_sql();
     let reward = algorithm.reward_sql();
     format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
+}
+
+/// Sets each row's `credited_reward` as `algorithm` credits it, each episode (task,
+/// episode) its own trajectory in play order (node order).
+fn credit(rows: &mut [TurnRow], algorithm: &AlgorithmConfig) {
+    let mut episodes: BTreeMap<(&str, u32), Vec<usize>> = BTreeMap::new();
+    for (i, row) in rows.iter().enumerate() {
+        episodes.entry((row.task_id.as_str(), row.episode)).or_default().push(i);
+    }
+    let mut credited = vec![0.0; rows.len()];
+    for mut episode in episodes.into_values() {
+        episode.sort_by_key(|&i| rows[i].node_id);
+        let steps: Vec<Step> = episode
+            .iter()
+            .map(|&i| Step {
+                agent: &rows[i].agent,
+                local_reward: rows[i].local_reward,
+                team_reward: rows[i].team_reward,
+            })
+            .collect();
+        let values = credit::credited(algorithm.credit, algorithm.alpha, algorithm.gamma, &steps);
+        for (&i, value) in episode.iter().zip(values) {
+            credited[i] = value;
+        }
+    }
+    for (row, value) in rows.iter_mut().zip(credited) {
+        row.credited_reward = Some(value);
+    }
 }
 
 /// `<task_id>/e<episode>: <reason>` of each failed episode, the reason's first line.

@@ -1,7 +1,8 @@
 //! The rollout of a replay fork (`--from URL@K:group`): the source run's committed turns
 //! of iteration K, copied instead of sampled, so group, advantage and update can run with
-//! another estimator on exactly the same data. The copy is on-policy by construction:
-//! the rows must have been sampled by the very weights this run holds as version K.
+//! another estimator on exactly the same data (each row credited as this run credits it).
+//! The copy is on-policy by construction: the rows must have been sampled by the very
+//! weights this run holds as version K.
 //! The pipeline runs this stage in place of rollout K (see [`replays`]).
 
 use std::collections::{BTreeMap, HashSet};
@@ -76,13 +77,15 @@ pub async fn run(
         .map(|t| t.task_id)
         .collect();
     let run = config.run_name();
-    let rows: Vec<TurnRow> = source
+    let mut rows: Vec<TurnRow> = source
         .read_rows::<TurnRow>(&markers)
         .await?
         .into_iter()
         .filter(|r| batch.contains(&r.task_id))
         .map(|r| TurnRow { run: run.clone(), ..r })
         .collect();
+    // Credited as this run's algorithm credits them: a replay compares estimators.
+    super::credit(&mut rows, &config.algorithm);
     let reused_from = source_markers
         .iter()
         .map(|m| InputRef { marker: format!("{}/{}", source.url(), m.path), sha256: m.sha256.clone() })

@@ -66,7 +66,8 @@ pub async fn run(
         })
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
-    let rows = turn_rows(config, &batch, &played, &loaded);
+    let mut rows = turn_rows(config, &batch, &played, &loaded);
+    super::credit(&mut rows, &config.algorithm);
     check_rewards(stage, &rows, &config.limits)?;
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
@@ -155,6 +156,7 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], played: &Played, loaded: &Lo
                 sampling_seed: c.seed,
                 generation_seconds: c.reply.seconds,
                 failure: failures.get(&(c.task_index, c.episode)).map(|f| f.to_string()),
+                credited_reward: None,
             }
         })
         .collect()

@@ -45,6 +45,81 @@ fn run_err(file: &RunFile, dir: &Path) -> String {
     stderr
 }
 
+/// Each (task, episode, agent)'s returns, walked back from its last row as
+/// docs/environments.md writes the rule: rows are `task,episode,node,agent,local,team,…`
+/// in node order, the team reward is the episode's last row's.
+fn hand_returns(rows: &[Vec<f64>], agents: &[String], alpha: f64, gamma: f64) -> Vec<f64> {
+    let mut returns = vec![0.0; rows.len()];
+    let mut i = rows.len();
+    while i > 0 {
+        let end = i;
+        let episode = (rows[end - 1][0], rows[end - 1][1]);
+        while i > 0 && (rows[i - 1][0], rows[i - 1][1]) == episode {
+            i -= 1;
+        }
+        let team = rows[end - 1][3];
+        let mut later: std::collections::HashMap<&str, f64> = Default::default();
+        for j in (i..end).rev() {
+            let value = match later.get(agents[j].as_str()) {
+                Some(next) => rows[j][2] + gamma * next,
+                None => rows[j][2] + alpha * team,
+            };
+            later.insert(&agents[j], value);
+            returns[j] = value;
+        }
+    }
+    returns
+}
+
+#[test]
+fn returns_carry_a_games_final_reward_back_to_every_move_and_a_replay_credits_its_own_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_file = |store: &str| {
+        hosted_run(dir.path(), GUESS_NUMBER, &["alice", "bob"])
+            .set("store", store)
+            .set("iterations", "2")
+            .set("evaluation.every", "0")
+            .set("evaluation.at_start", "false")
+            .set("rollout", "{mode: independent, tasks_per_iteration: 2, episodes_per_task: 4, sampling: {temperature: 1.0, max_new_tokens: 6}}")
+            .set("algorithm", "{name: grpo, credit: return, gamma: 0.5, alpha: 2.0}")
+    };
+    let store = dir.path().join("returns");
+    run_ok(&run_file(&store.display().to_string()), dir.path());
+    let query = "select dense_rank() over (order by task_id), episode, local_reward, team_reward, credited_reward, \
+                 agent from turns where iteration = 1 order by task_id, episode, node_id";
+    let read = |store: &Path| -> (Vec<Vec<f64>>, Vec<String>) {
+        sql_rows(store, query)
+            .iter()
+            .map(|line| {
+                let cells: Vec<&str> = line.split(',').collect();
+                (cells[..5].iter().map(|c| c.parse().unwrap()).collect(), cells[5].to_string())
+            })
+            .unzip()
+    };
+    let (rows, agents) = read(&store);
+    assert!(agents.contains(&"alice".to_string()) && agents.contains(&"bob".to_string()), "{agents:?}");
+    let expected = hand_returns(&rows, &agents, 2.0, 0.5);
+    let credited: Vec<f64> = rows.iter().map(|r| r[4]).collect();
+    assert_eq!(credited, expected, "rows (task, episode, local, team, credited): {rows:?}");
+    let per_turn = |rows: &[Vec<f64>]| rows.iter().map(|r| 2.0 * r[3] + r[2]).collect::<Vec<f64>>();
+    assert_ne!(credited, per_turn(&rows), "later rewards reached earlier moves: {rows:?}");
+    // The groups compare, and the update trains on, what the rows were credited with.
+    let compared = "select count(*) from samples s join turns t using (candidate_id) \
+                    where s.iteration = t.iteration and s.mixed_reward <> t.credited_reward";
+    assert_eq!(sql_rows(&store, compared), ["0"]);
+
+    // Replayed with turn credit, the same turns are each credited their own step.
+    let replayed = dir.path().join("replayed");
+    let file = run_file(&replayed.display().to_string()).set("algorithm", "{name: grpo, alpha: 2.0}");
+    let path = file.write(&dir.path().join("replayed.yaml"));
+    let (ok, stdout, stderr) =
+        crate::support::run(&["pipeline", "run", &path, "--from", &format!("{}@1:group", store.display())]);
+    assert!(ok, "{stdout}{stderr}");
+    let (again, _) = read(&replayed);
+    assert_eq!(again.iter().map(|r| r[4]).collect::<Vec<_>>(), per_turn(&again));
+    assert_eq!(again.iter().map(|r| &r[..4]).collect::<Vec<_>>(), rows.iter().map(|r| &r[..4]).collect::<Vec<_>>());
+}
+
 #[test]
 fn an_external_environment_is_played_in_its_own_turn_order_and_trained_on() {
     let dir = tempfile::tempdir().unwrap();

@@ -185,6 +185,7 @@ fn turn(
         sampling_seed: 1,
         generation_seconds: 0.0,
         failure: None,
+        credited_reward: None,
     }
 }
 

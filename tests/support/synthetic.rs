@@ -77,6 +77,7 @@ pub fn turn_rows(iteration: u32, rows: usize, seed: u64) -> Vec<TurnRow> {
                 sampling_seed: mix.next(),
                 generation_seconds: 0.25,
                 failure: None,
+                credited_reward: None,
             }
         })
         .collect()
