@@ -32,7 +32,7 @@ for seed in "$@"; do
         from=(--from "runs/results/$task-s$seed@0")
     fi
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
-    for row in grpo per-role lora alone single-agent; do
+    for row in grpo returns per-role lora alone single-agent; do
         [[ -f "pipelines/$task-$row.yaml" ]] || continue
         fork=("${from[@]}")
         if [[ $row == single-agent ]]; then

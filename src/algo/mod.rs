@@ -4,12 +4,15 @@
 //! [`Algorithm`] answers every question about an estimator, and nothing outside this
 //! module matches on it: [`Algorithm::grouping`] (grouping.rs), [`Algorithm::advantages`]
 //! beside its SQL twin [`Algorithm::advantage_sql`] (advantage.rs),
-//! [`Algorithm::aggregation`] (loss.rs) and [`Algorithm::label`]. The math is pure
+//! [`Algorithm::aggregation`] (loss.rs) and [`Algorithm::label`]; what a candidate is
+//! credited with before grouping is [`credit::credited`], and a learned critic's GAE and
+//! value loss are in critic.rs. The math is pure
 //! functions over slices; the stages apply the same formulas to Arrow columns (group,
 //! advantage) and tensors (`model::trainer`), and tests keep the two equal.
 
 pub mod advantage;
 pub mod credit;
+pub mod critic;
 pub mod grouping;
 pub mod loss;
 pub mod schedule;
