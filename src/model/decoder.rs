@@ -501,12 +501,6 @@ impl CausalLm {
         self.packed_head = None;
     }
 
-    /// Logits of every position, (B, L, V): what log-probabilities and training need.
-    pub(crate) fn logits_all(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
-        let hidden = self.hidden(input_ids, pass);
-        self.head(&hidden)
-    }
-
     /// Empties every attention block's cache.
     pub(crate) fn clear_kv_cache(&mut self) {
         for layer in &mut self.model.layers {

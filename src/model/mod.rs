@@ -8,6 +8,7 @@
 //!   *.safetensors,    │            backward(pairs, f) ──► grads of loss f(logprobs)
 //!   tokenizer.json)   │            add_adapter / save_adapter / load_adapter (PEFT)
 //!  config.json ──► LanguageModel::scratch (seeded)      save ──► HF folder + meta.json
+//!                     │            values(head, seqs) ──► a critic's ValueHead over the trunk
 //!  GGUF ──► gguf::import ──► HF folder
 //! ```
 //!
@@ -35,6 +36,7 @@ mod sampler;
 mod score;
 mod tokenizer;
 pub mod trainer;
+mod value_head;
 mod weights;
 
 use std::path::{Path, PathBuf};
@@ -56,6 +58,7 @@ pub use sampler::{Sampler, Sampling, SamplingConfig};
 pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;
 pub use trainer::{AllReduce, DataParallel, PpoClip, StepResult, Totals, Trainer};
+pub use value_head::{VALUE_HEAD_FILE, ValueHead};
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
     weights_digest, write_safetensors, write_weights,

@@ -234,6 +234,14 @@ impl LanguageModel {
     /// Logits of every position of each sequence, (len_i, V) float32, computed in one
     /// left-padded batch with the padding masked out (as a padded prefill).
     pub fn logits(&mut self, sequences: &[Vec<i64>], adapters: &[Option<String>]) -> Result<Vec<Tensor>> {
+        let hidden = self.padded_hidden(sequences, adapters)?;
+        let logits = tch::no_grad(|| self.lm.head(&hidden).to_kind(Kind::Float));
+        Ok(unpad(&logits, sequences))
+    }
+
+    /// Final hidden states (B, P, E) of `sequences` left-padded to the longest (P), each
+    /// through its adapter, without gradients.
+    pub(crate) fn padded_hidden(&mut self, sequences: &[Vec<i64>], adapters: &[Option<String>]) -> Result<Tensor> {
         tch::no_grad(|| {
             let device = self.device();
             let p = sequences.iter().map(Vec::len).max().unwrap_or(0);
@@ -263,14 +271,19 @@ impl LanguageModel {
                 route: &route,
                 packed: false,
             };
-            let logits = self.lm.logits_all(&self.ids_tensor(&rows), &pass).to_kind(Kind::Float);
-            Ok(sequences
-                .iter()
-                .enumerate()
-                .map(|(i, s)| logits.get(i as i64).narrow(0, (p - s.len()) as i64, s.len() as i64))
-                .collect())
+            Ok(self.lm.hidden(&self.ids_tensor(&rows), &pass))
         })
     }
+}
+
+/// Each sequence's own positions of a left-padded batch (B, P, …).
+pub(crate) fn unpad(padded: &Tensor, sequences: &[Vec<i64>]) -> Vec<Tensor> {
+    let p = padded.size()[1];
+    sequences
+        .iter()
+        .enumerate()
+        .map(|(i, s)| padded.get(i as i64).narrow(0, p - s.len() as i64, s.len() as i64))
+        .collect()
 }
 
 /// Logits one micro-batch materialises at once by default (tokens × vocabulary): 64 Mi
