@@ -22,7 +22,6 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::config::{EvalMode, RunConfig};
-use crate::engine::StageEngine;
 use crate::envs::EnvConfig;
 use crate::envs::tic_tac_toe::Opponent;
 use crate::play::{self, Branching, Played, Setup};
@@ -56,16 +55,7 @@ pub async fn run(
     let mut loaded = session.policies.take(store, &config.policies, iteration).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let evaluation = &config.evaluation;
-    let engine = StageEngine::prepare(
-        evaluation.engine,
-        evaluation.kv_cache_gib,
-        config.vllm.as_ref(),
-        &config.run_name(),
-        store,
-        &mut loaded,
-        &session.server,
-    )
-    .await?;
+    let engine = session.engine(evaluation.engine, evaluation.kv_cache_gib, store, config, &mut loaded).await?;
     let mut rows = Vec::new();
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     let mut skipped_tasks: Vec<String> = Vec::new();

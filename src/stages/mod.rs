@@ -19,8 +19,8 @@ use arrow::record_batch::RecordBatch;
 use crate::algo::AlgorithmConfig;
 use crate::algo::credit::{self, Step};
 use crate::config::{self, RunConfig};
-use crate::engine::ServerSlot;
-use crate::policies::Resident;
+use crate::engine::{EngineKind, ServerSlot, StageEngine};
+use crate::policies::{LoadedPolicies, Resident};
 use crate::schema::Table;
 use crate::sql::RunSql;
 use crate::store::{self, CommitInfo, Partition, RunStore, Stage, StageId, StoredMarker};
@@ -34,6 +34,22 @@ pub struct Session {
     pub policies: Resident,
     pub server: ServerSlot,
     pub ranks: Option<std::sync::Arc<crate::ranks::Ranks>>,
+}
+
+impl Session {
+    /// The engine a sampling stage plays `loaded` through, as its section's `engine` and
+    /// `kv_cache_gib` say, with this process's vLLM server.
+    async fn engine(
+        &self,
+        kind: EngineKind,
+        kv_cache_gib: Option<f64>,
+        store: &RunStore,
+        config: &RunConfig,
+        loaded: &mut LoadedPolicies,
+    ) -> Result<StageEngine, Error> {
+        let (vllm, run_name) = (config.vllm.as_ref(), config.run_name());
+        Ok(StageEngine::prepare(kind, kv_cache_gib, vllm, &run_name, store, loaded, &self.server).await?)
+    }
 }
 
 /// Why a stage could not run.

@@ -7,7 +7,6 @@
 //! A replay fork's rollout is not sampled here: the pipeline runs `replay` instead.
 
 use crate::config::RunConfig;
-use crate::engine::StageEngine;
 use crate::limits::Limits;
 use std::collections::HashMap;
 
@@ -48,16 +47,7 @@ pub async fn run(
     let mut loaded = policies::load_current(store, &config.policies, iteration, &session.policies).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
-    let engine = StageEngine::prepare(
-        rollout.engine,
-        rollout.kv_cache_gib,
-        config.vllm.as_ref(),
-        &config.run_name(),
-        store,
-        &mut loaded,
-        &session.server,
-    )
-    .await?;
+    let engine = session.engine(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded).await?;
     let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
     let played = phase(progress, &stage.to_string(), episodes, "episodes", || {
         tokio::task::block_in_place(|| {
