@@ -23,14 +23,13 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::algo::AlgorithmConfig;
-use crate::engine::{EngineKind, VllmConfig};
+use crate::engine::VllmConfig;
 use crate::envs::EnvConfig;
 use crate::envs::dataset::DataConfig;
 use crate::limits::Limits;
-use crate::play::RolloutMode;
-use crate::policies::{ModelInit, PolicyConfig, Retention};
-use crate::validate::{Invalid, check};
-use crate::workflows::{ALONE_OVER_TURNS, Agent, WorkflowConfig, WorkflowKind};
+use crate::policies::{PolicyConfig, Retention};
+use crate::validate::Invalid;
+use crate::workflows::{Agent, WorkflowConfig, WorkflowKind};
 
 mod evaluation;
 pub mod pools;
@@ -38,6 +37,7 @@ pub mod reference;
 mod renamed;
 mod rollout;
 mod update;
+mod validation;
 mod warm_start;
 
 pub use evaluation::{EvalMode, EvaluationConfig};
@@ -426,214 +426,6 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 impl RunConfig {
-    /// Every section's own checks, then the rules that span sections. Returns the key
-    /// path and the problem.
-    pub fn validate(&self) -> Result<(), Invalid> {
-        check(!self.store.trim().is_empty(), "store", "is empty; give a local path or a URL such as s3://bucket/run")?;
-        self.validate_workflow()?;
-        self.limits.validate()?;
-        self.data.validate(&self.env)?;
-        self.env.validate()?;
-        self.validate_agents()?;
-        for (name, policy) in &self.policies {
-            let key = format!("policies.{name}");
-            policy.validate(&key)?;
-            check(
-                policy.init != ModelInit::Scratch || self.env.hosted().is_none(),
-                format!("{key}.init"),
-                "a model from scratch takes its tokenizer from the prompts prepare-data writes, and a hosted \
-                 environment's prompts come from its host as it plays: start from a pretrained model",
-            )?;
-            check(
-                policy.init != ModelInit::Scratch || policy.lora.is_none() || self.fork.is_some(),
-                format!("{key}.lora"),
-                "a LoRA adapter needs a pretrained base: use init: pretrained, or fork the run from a \
-                 warm-started one (--from runs/plan-path@0), or drop lora",
-            )?;
-        }
-        pools::validate(&self.pools, &self.policies)?;
-        self.rollout.validate(self.data.train_tasks)?;
-        self.algorithm.validate()?;
-        self.update.validate()?;
-        self.evaluation.validate(self.data.test_tasks)?;
-        self.validate_evaluation_modes()?;
-        self.validate_engine()?;
-        self.validate_training_rollout()?;
-        if let Some(retention) = &self.retention {
-            retention.validate("retention")?;
-        }
-        if let Some(fork) = &self.fork {
-            check(!fork.from.trim().is_empty(), "fork.from", "is empty; give the source run's path or URL")?;
-            check(
-                fork.iteration <= self.iterations,
-                "fork.iteration",
-                format!("is {}, past the run's last iteration ({})", fork.iteration, self.iterations),
-            )?;
-        }
-        if let Some(warm) = &self.warm_start {
-            check(
-                self.env.has_demonstrations(),
-                "warm_start",
-                "demonstrations exist for plan_path, sudoku, sokoban and tic_tac_toe; math and code start from a pretrained model",
-            )?;
-            warm.validate()?;
-        }
-        Ok(())
-    }
-
-    fn validate_workflow(&self) -> Result<(), Invalid> {
-        let (kind, env) = (self.workflow.kind, self.env.name());
-        let playing = WorkflowKind::playing(env);
-        check(
-            kind.plays(env) || kind != WorkflowKind::Environment,
-            "workflow.kind",
-            format!("is not set, and {env} does not say whose turn it is: choose one of {playing:?}"),
-        )?;
-        check(kind.plays(env), "workflow.kind", format!("{kind:?} cannot play {env}; it takes {playing:?}"))?;
-        check(self.workflow.max_turns >= 1, "workflow.max_turns", "must be at least 1")?;
-        check(
-            !self.workflow.alone || kind.can_act_alone(),
-            "workflow.alone",
-            format!("only tool_planner's agents can act alone; in {kind:?} each agent's turn needs the other's"),
-        )?;
-        check(!self.workflow.alone || self.workflow.max_turns == 1, "workflow.alone", ALONE_OVER_TURNS)
-    }
-
-    fn validate_agents(&self) -> Result<(), Invalid> {
-        let agents = &self.team();
-        for agent in agents {
-            check(
-                self.agents.contains_key(agent),
-                "agents",
-                format!("the {:?} workflow needs an agent `{agent}`", self.workflow.kind),
-            )?;
-        }
-        for (agent, played) in &self.agents {
-            let names: Vec<&str> = agents.iter().map(|a| a.as_str()).collect();
-            check(
-                agents.contains(agent),
-                format!("agents.{agent}"),
-                format!("is not an agent of {:?}, whose agents are {names:?}", self.workflow.kind),
-            )?;
-            let known: Vec<&String> = self.policies.keys().collect();
-            check(
-                self.policies.contains_key(&played.policy),
-                format!("agents.{agent}.policy"),
-                format!("names no policy `{}`; the policies are {known:?}", played.policy),
-            )?;
-        }
-        for name in self.policies.keys() {
-            check(
-                self.agents.values().any(|a| &a.policy == name),
-                format!("policies.{name}"),
-                "is played by no agent",
-            )?;
-        }
-        Ok(())
-    }
-
-    /// A training rollout whose groups and logprobs the update can use.
-    fn validate_training_rollout(&self) -> Result<(), Invalid> {
-        use crate::algo::Grouping;
-        let sampling = &self.rollout.sampling;
-        check(
-            sampling.top_p >= 1.0 && sampling.top_k == 0,
-            "rollout.sampling",
-            "top_p and top_k are for evaluation.sampling: a training rollout samples from the whole \
-             distribution at its temperature, the distribution whose logprobs the rows store and the update \
-             trains; with top_p/top_k the tokens would come from another one",
-        )?;
-        // Independent episodes share a prompt only at the first turn of the first agent:
-        // grouping their later turns by (task, agent, turn) compares different prompts.
-        let one_prompt = self.team().len() == 1 && self.workflow.max_turns == 1;
-        let program = self.env.agent_program().is_some();
-        check(
-            !program || self.rollout.mode == RolloutMode::Independent,
-            "rollout.mode",
-            "an agent program cannot be forked mid-episode, so it plays independent episodes: write \
-             rollout.mode: independent and rollout.episodes_per_task: K (the group of each task)",
-        )?;
-        // A tree continues one candidate per node: the others' episodes end there, with
-        // no return to credit them with.
-        check(
-            self.algorithm.credit != crate::algo::Credit::Return || self.rollout.mode == RolloutMode::Independent,
-            "algorithm.credit",
-            "return credits each candidate with the rest of its episode, and a tree continues only one \
-             candidate per node; write rollout.mode: independent with an estimator that groups by task \
-             (grpo, dr_grpo), or credit: turn",
-        )?;
-        // two_players' team_reward is each mover's own result, not a shared one.
-        check(
-            self.algorithm.credit != crate::algo::Credit::Return
-                || self.workflow.kind != WorkflowKind::TwoPlayers
-                || self.algorithm.alpha == 0.0,
-            "algorithm.alpha",
-            "two_players records each mover's own result as its team_reward, so credit: return would hand the \
-             last mover's result to both players; write algorithm.alpha: 0, and each player's return is its own \
-             move rewards (a win 1, a draw 0.5, an illegal move -1)",
-        )?;
-        // An agent program's calls are grouped as its estimator says, by (task, agent,
-        // call index) for at_grpo: the nearest to a turn's group that independent
-        // episodes have (their prompts agree at each role's first call).
-        check(
-            program
-                || self.rollout.mode != RolloutMode::Independent
-                || self.algorithm.name.grouping() != Grouping::TaskAgentTurn
-                || one_prompt,
-            "rollout.mode",
-            format!(
-                "independent episodes with {} group each (task, agent, turn) across the K episodes, but after \
-                 the first turn each episode's prompt differs; use rollout.mode: tree (AT-GRPO's sampling, where \
-                 the K candidates of a turn share their prompt), or an estimator that groups by task (grpo, dr_grpo)",
-                self.algorithm.name.label()
-            ),
-        )
-    }
-
-    /// A vLLM engine needs its server, and one server serves one base model.
-    fn validate_engine(&self) -> Result<(), Invalid> {
-        let uses_vllm = [("rollout.engine", self.rollout.engine), ("evaluation.engine", self.evaluation.engine)]
-            .into_iter()
-            .find(|(_, engine)| *engine == EngineKind::Vllm);
-        let Some((key, _)) = uses_vllm else { return Ok(()) };
-        let Some(vllm) = &self.vllm else {
-            return check(false, key, "is vllm, but the config has no vllm: section (at least vllm.url)");
-        };
-        vllm.validate()?;
-        let models: std::collections::BTreeSet<&Path> = self.policies.values().map(|p| p.model.as_path()).collect();
-        let full = self.policies.values().filter(|p| p.lora.is_none()).count();
-        check(
-            models.len() == 1 && (full == 0 || self.policies.len() == 1),
-            key,
-            "one vLLM server serves one base model: give every policy a LoRA adapter on the same model, or use \
-             a single full-weight policy",
-        )
-    }
-
-    /// The modes that need a workflow of a certain shape.
-    fn validate_evaluation_modes(&self) -> Result<(), Invalid> {
-        let modes = &self.evaluation.modes;
-        let kind = self.workflow.kind;
-        check(
-            !modes.contains(&EvalMode::Swapped) || self.team().len() == 2,
-            "evaluation.modes",
-            "swapped needs a workflow with two agents",
-        )?;
-        check(
-            kind != WorkflowKind::Environment || !modes.contains(&EvalMode::SingleAgent),
-            "evaluation.modes",
-            "single_agent plays an environment's single-agent workflow, which a hosted environment has not: \
-             use modes: [multi_agent]",
-        )?;
-        let alone = modes.iter().any(|m| matches!(m, EvalMode::Alone | EvalMode::ToolAlone));
-        check(
-            !alone || kind.can_act_alone(),
-            "evaluation.modes",
-            "alone and tool_alone need the tool_planner workflow",
-        )?;
-        check(!alone || self.workflow.max_turns == 1, "evaluation.modes", ALONE_OVER_TURNS)
-    }
-
     /// The first iteration the run trains: 0, or the iteration it was forked from.
     pub fn first_iteration(&self) -> u32 {
         self.fork.as_ref().map_or(0, |f| f.iteration)
