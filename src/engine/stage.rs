@@ -36,18 +36,16 @@ impl StageEngine {
         let client = server.client(vllm, &log_dir(store, run_name)).await?;
         let markers = store.markers().await?;
         let mut checkpoints = Vec::new();
-        for name in loaded.names() {
-            let member = loaded.member(&name).cloned().expect("a loaded member");
+        for member in loaded.refs() {
             // The checkpoint alone: an adapter's base is on the server already.
-            let dir = policies::checkpoint_folder(store, &markers, &name, member.version).await?;
-            let tied_embeddings = loaded.model(&name).is_some_and(|(p, _)| p.config().tie_word_embeddings);
-            let lora = loaded.is_lora(&name);
+            let dir = policies::checkpoint_folder(store, &markers, &member.policy, member.version).await?;
+            let tied_embeddings = loaded.model(&member.policy).is_some_and(|(p, _)| p.config().tie_word_embeddings);
             checkpoints.push(super::sync::Checkpoint {
-                policy: name,
+                lora: loaded.is_lora(&member.policy),
+                policy: member.policy,
                 version: member.version,
                 weights_sha256: member.weights_sha256,
                 dir,
-                lora,
                 tied_embeddings,
             });
         }

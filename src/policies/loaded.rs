@@ -52,11 +52,6 @@ pub struct LoadedPolicies {
 }
 
 impl LoadedPolicies {
-    /// The members' names, in name order.
-    pub fn names(&self) -> Vec<String> {
-        self.members.keys().cloned().collect()
-    }
-
     pub fn member(&self, name: &str) -> Option<&Member> {
         self.members.get(name)
     }
