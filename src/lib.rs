@@ -8,6 +8,7 @@ pub mod algo;
 pub mod allocator;
 pub mod config;
 pub mod contain;
+pub mod critic;
 pub mod engine;
 pub mod envs;
 pub mod inspect;

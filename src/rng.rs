@@ -38,6 +38,8 @@ impl Key {
     pub const SFT: u64 = 0x5346_5400; // "SFT"
     /// A PPO update's sample order and dropout.
     pub const PPO: u64 = 0x5050_4F00; // "PPO"
+    /// A fresh value head's weights, and the order its fit takes the samples in.
+    pub const CRITIC: u64 = 0x4352_4954; // "CRIT"
 }
 
 /// One step of splitmix64's output function (Steele, Lea, Flood 2014).

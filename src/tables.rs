@@ -73,7 +73,7 @@ impl Row for DemonstrationRow {
     const TABLE: Table = Table::Demonstrations;
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct TurnRow {
     pub candidate_id: String,
     pub run: String,
@@ -148,6 +148,9 @@ pub struct SampleRow {
     pub mixed_reward: f64,
     pub advantage: f64,
     pub response_token_count: u32,
+    /// `algorithm.name: ppo` only.
+    pub value: Option<f64>,
+    pub value_target: Option<f64>,
 }
 impl Row for SampleRow {
     const TABLE: Table = Table::Samples;
@@ -186,6 +189,9 @@ pub struct UpdateRow {
     pub allreduce_bytes: Option<u64>,
     pub allreduce_seconds: Option<f64>,
     pub seconds: f64,
+    /// A critic step's agent, and its head's explained variance.
+    pub agent: Option<String>,
+    pub explained_variance: Option<f64>,
 }
 impl Row for UpdateRow {
     const TABLE: Table = Table::Updates;
@@ -353,6 +359,8 @@ mod tests {
                 mixed_reward: 1.5,
                 advantage: -0.25,
                 response_token_count: 12,
+                value: Some(0.5),
+                value_target: Some(0.75),
             },
             SampleRow {
                 candidate_id: "t/e0/t1/tool/b4".into(),
@@ -363,6 +371,8 @@ mod tests {
                 mixed_reward: 2.0,
                 advantage: 0.25,
                 response_token_count: 7,
+                value: None,
+                value_target: None,
             },
         ];
         let batch = to_batch(&rows).unwrap();

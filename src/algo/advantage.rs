@@ -61,13 +61,14 @@ fn without_signal_as_zero(rewards: &[f64], stats: GroupStats, advantage: impl Fn
 }
 
 impl Algorithm {
-    /// The advantages of one group's rewards.
+    /// The advantages of one group's rewards, for a group baseline.
     pub fn advantages(self, rewards: &[f64], std_epsilon: f64) -> Vec<f64> {
         match self {
             Algorithm::AtGrpo | Algorithm::Grpo => grpo(rewards, std_epsilon),
             Algorithm::DrGrpo | Algorithm::Magrpo => mean_baseline(rewards),
             Algorithm::Marloo => leave_one_out(rewards),
             Algorithm::Maremax => max_baseline(rewards),
+            Algorithm::Ppo => unreachable!("{CRITIC_NOT_GROUP}"),
         }
     }
 
@@ -82,9 +83,13 @@ impl Algorithm {
             Algorithm::DrGrpo | Algorithm::Magrpo => "reward - g_mean".to_string(),
             Algorithm::Marloo => "reward - (g_sum - reward) / (g_size - 1)".to_string(),
             Algorithm::Maremax => "reward - g_max".to_string(),
+            Algorithm::Ppo => unreachable!("{CRITIC_NOT_GROUP}"),
         }
     }
 }
+
+/// The advantage stage routes a critic's estimator to GAE before any group formula.
+const CRITIC_NOT_GROUP: &str = "PPO's advantages are GAE over a critic's values (algo::critic), not a group's";
 
 /// Which groups are kept: degenerate ones are dropped if asked, then the
 /// `drop_lowest_mean_fraction` of the remaining groups with the lowest mean reward
@@ -142,7 +147,7 @@ mod tests {
 
     #[test]
     fn groups_without_signal_get_zero_advantage_under_every_estimator() {
-        for algorithm in Algorithm::ALL {
+        for algorithm in Algorithm::GROUP_BASELINES {
             assert_eq!(algorithm.advantages(&[1.5, 1.5, 1.5], 1e-6), vec![0.0; 3], "{algorithm:?} all equal");
             assert_eq!(algorithm.advantages(&[3.0], 1e-6), vec![0.0], "{algorithm:?} size 1");
         }

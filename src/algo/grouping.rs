@@ -15,7 +15,9 @@ impl Algorithm {
     pub fn grouping(self) -> Grouping {
         match self {
             Algorithm::AtGrpo | Algorithm::Magrpo | Algorithm::Marloo | Algorithm::Maremax => Grouping::TaskAgentTurn,
-            Algorithm::Grpo | Algorithm::DrGrpo => Grouping::Task,
+            // PPO compares nothing within a group: its groups (a task's independent
+            // episodes) are there to be inspected.
+            Algorithm::Grpo | Algorithm::DrGrpo | Algorithm::Ppo => Grouping::Task,
         }
     }
 }

@@ -51,7 +51,7 @@ pub struct AlgorithmConfig {
     /// the end (docs/environments.md, "Rewards across turns").
     #[serde(skip_serializing_if = "is_default")]
     pub credit: Credit,
-    /// Discount γ of `credit: return` per turn of the agent's own, in (0, 1].
+    /// Discount γ of `credit: return` and of PPO's GAE per turn of the agent's own, in (0, 1].
     #[serde(skip_serializing_if = "is_one")]
     pub gamma: f64,
 }
@@ -103,9 +103,9 @@ impl AlgorithmConfig {
         check(self.truncation_penalty.is_finite(), "algorithm.truncation_penalty", "must be a finite number")?;
         check(self.gamma > 0.0 && self.gamma <= 1.0, "algorithm.gamma", "must be in (0, 1]")?;
         check(
-            self.gamma == 1.0 || self.credit == Credit::Return,
+            self.gamma == 1.0 || self.credit == Credit::Return || self.name.needs_critic(),
             "algorithm.gamma",
-            "discounts returns only: set algorithm.credit: return, or leave gamma at 1",
+            "discounts returns only: set algorithm.credit: return (or name: ppo), or leave gamma at 1",
         )
     }
 
@@ -140,10 +140,14 @@ pub enum Algorithm {
     Marloo,
     /// CoMLRL MAReMax: group-max baseline.
     Maremax,
+    /// PPO with a learned critic (`critic:`): GAE(γ, λ) over each agent's turns,
+    /// no group baseline (critic.rs; the critic itself is `crate::critic`).
+    Ppo,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 6] = [
+    /// The estimators that compare a candidate with its group.
+    pub const GROUP_BASELINES: [Algorithm; 6] = [
         Algorithm::AtGrpo,
         Algorithm::Grpo,
         Algorithm::DrGrpo,
@@ -161,7 +165,13 @@ impl Algorithm {
             Algorithm::Magrpo => "MAGRPO",
             Algorithm::Marloo => "MARLOO",
             Algorithm::Maremax => "MAReMax",
+            Algorithm::Ppo => "PPO (GAE)",
         }
+    }
+
+    /// Whether the estimator needs a learned critic, rather than a group, for its baseline.
+    pub fn needs_critic(self) -> bool {
+        self == Algorithm::Ppo
     }
 }
 

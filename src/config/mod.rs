@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::algo::AlgorithmConfig;
+use crate::critic::CriticConfig;
 use crate::engine::VllmConfig;
 use crate::envs::EnvConfig;
 use crate::envs::dataset::DataConfig;
@@ -103,6 +104,9 @@ pub struct RunConfig {
     /// Advantage estimator and loss.
     #[serde(default)]
     pub algorithm: AlgorithmConfig,
+    /// The learned critic of `algorithm.name: ppo` (and only of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<CriticConfig>,
     /// Optimisation of each policy on its own samples.
     #[serde(default)]
     pub update: UpdateConfig,

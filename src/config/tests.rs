@@ -271,6 +271,39 @@ fn returns_need_independent_episodes_and_gamma_needs_returns() {
 }
 
 #[test]
+fn ppo_takes_a_critic_over_independent_episodes_and_the_group_estimators_none() {
+    let message = overridden(&["algorithm.name=ppo"]).unwrap_err().to_string();
+    assert!(message.contains("algorithm.name: ppo needs a critic: section"), "{message}");
+    let ppo = ["algorithm.name=ppo", "critic={}"];
+    let message = overridden(&ppo).unwrap_err().to_string();
+    assert!(message.contains("rollout.mode: ppo runs GAE along each episode"), "{message}");
+    let independent = [&ppo[..], &["rollout.mode=independent"]].concat();
+    let config = overridden(&independent).unwrap();
+    let critic = config.critic.as_ref().unwrap();
+    assert_eq!((critic.sees, critic.lambda, critic.epochs), (crate::critic::Sees::Own, 0.95, 4));
+    // GAE discounts by γ without credit: return.
+    assert!(overridden(&[&independent[..], &["algorithm.gamma=0.9"]].concat()).is_ok());
+    let message = overridden(&[&independent[..], &["critic.lambda=1.5"]].concat()).unwrap_err().to_string();
+    assert!(message.contains("critic.lambda: must be in [0, 1]"), "{message}");
+    let message = overridden(&[&independent[..], &["algorithm.credit=return"]].concat()).unwrap_err().to_string();
+    assert!(message.contains("algorithm.credit: ppo's GAE already carries"), "{message}");
+    // A partial optimiser keeps the head's learning rate.
+    let warmed = overridden(&[&independent[..], &["critic.optimizer={warmup_steps: 5}"]].concat()).unwrap();
+    let optimizer = &warmed.critic.unwrap().optimizer;
+    assert_eq!((optimizer.lr, optimizer.weight_decay, optimizer.warmup_steps), (1e-3, 0.0, 5));
+    let message =
+        overridden(&[&independent[..], &["critic.optimizer={learning_rate: 1}"]].concat()).unwrap_err().to_string();
+    assert!(message.contains("learning_rate"), "{message}");
+    let message = overridden(&["critic={}"]).unwrap_err().to_string();
+    assert!(message.contains("critic: is the critic of algorithm.name: ppo"), "{message}");
+    let message = overridden(&[&independent[..], &["critic.sees=everyone"]].concat()).unwrap_err().to_string();
+    assert!(message.contains("critic.sees"), "{message}");
+    // The critic's settings are part of the frozen config; a run without one has no key.
+    assert!(serde_saphyr::to_string(&config).unwrap().contains("lambda: 0.95"));
+    assert!(!serde_saphyr::to_string(&parse_str(MINIMAL).unwrap()).unwrap().contains("critic"));
+}
+
+#[test]
 fn a_training_rollout_refuses_top_p_and_top_k() {
     for set in ["rollout.sampling.top_p=0.9", "rollout.sampling.top_k=20"] {
         let message = overridden(&[set]).unwrap_err().to_string();

@@ -42,6 +42,7 @@ impl RunConfig {
         pools::validate(&self.pools, &self.policies)?;
         self.rollout.validate(self.data.train_tasks)?;
         self.algorithm.validate()?;
+        self.validate_critic()?;
         self.update.validate()?;
         self.evaluation.validate(self.data.test_tasks)?;
         self.validate_evaluation_modes()?;
@@ -201,6 +202,40 @@ impl RunConfig {
             "alone and tool_alone need the tool_planner workflow",
         )?;
         check(!alone || self.workflow.max_turns == 1, "evaluation.modes", ALONE_OVER_TURNS)
+    }
+
+    /// PPO's critic: present exactly with ppo, over whole trajectories, crediting by GAE
+    /// alone, with every sample kept.
+    fn validate_critic(&self) -> Result<(), Invalid> {
+        let ppo = self.algorithm.name.needs_critic();
+        let Some(critic) = &self.critic else {
+            return check(!ppo, "algorithm.name", "ppo needs a critic: section (critic: {} takes every default)");
+        };
+        critic.validate()?;
+        check(ppo, "critic", "is the critic of algorithm.name: ppo; the group estimators have none")?;
+        check(
+            self.rollout.mode == RolloutMode::Independent,
+            "rollout.mode",
+            "ppo runs GAE along each episode, and a tree continues only one candidate per node: write \
+             rollout.mode: independent",
+        )?;
+        check(
+            self.algorithm.credit == Credit::Turn,
+            "algorithm.credit",
+            "ppo's GAE already carries each agent's later rewards back along its turns: leave credit at turn",
+        )?;
+        let filter = &self.algorithm.filter;
+        check(
+            !filter.drop_degenerate && filter.drop_lowest_mean_fraction == 0.0,
+            "algorithm.filter",
+            "ppo has no groups to filter: a sample's advantage is against its critic's value",
+        )?;
+        check(
+            self.workflow.kind != WorkflowKind::TwoPlayers || self.algorithm.alpha == 0.0,
+            "algorithm.alpha",
+            "two_players records each mover's own result as its team_reward, so GAE would hand the last \
+             mover's result to both players; write algorithm.alpha: 0",
+        )
     }
 
     /// Returns need whole trajectories, and a team reward every agent shares.

@@ -88,7 +88,7 @@ pub async fn run_stage(
             None => rollout::run(store, config, k, id.shard, progress, session).await,
         },
         (Stage::Group, Some(k)) => group::run(store, config, k).await,
-        (Stage::Advantage, Some(k)) => advantage::run(store, config, k).await,
+        (Stage::Advantage, Some(k)) => advantage::run(store, config, k, session).await,
         (Stage::Update, Some(k)) => update::run(store, config, k, progress, session).await,
         (Stage::Evaluate, Some(k)) => evaluate::run(store, config, k, id.shard, progress, session).await,
         (stage, None) => unreachable!("{stage} runs per iteration"),

@@ -27,7 +27,7 @@ pub(super) fn file_name(path: &str) -> &str {
 }
 
 /// The files a marker lists directly under `dir`, as (file name, entry).
-fn files_under<'f>(files: &'f [FileEntry], dir: &str) -> Vec<(&'f str, &'f FileEntry)> {
+pub(super) fn files_under<'f>(files: &'f [FileEntry], dir: &str) -> Vec<(&'f str, &'f FileEntry)> {
     let prefix = format!("{dir}/");
     files.iter().filter_map(|f| f.path.strip_prefix(&prefix).map(|name| (name, f))).collect()
 }
@@ -58,6 +58,9 @@ pub(crate) async fn materialise(store: &RunStore, files: &[FileEntry], dir: &str
         let target = cached.join(name);
         if check_local(store, &target, entry).is_ok() {
             continue;
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| Error::Cache { path: parent.to_path_buf(), source })?;
         }
         let bytes = store.read_file(entry).await?;
         write_atomic(&target, &bytes)?;
@@ -112,9 +115,12 @@ pub(crate) fn local_dir(store: &RunStore, dir: &str) -> Option<PathBuf> {
 fn holds_exactly(local: &Path, entries: &[(&str, &FileEntry)]) -> bool {
     let Ok(read) = std::fs::read_dir(local) else { return false };
     let mut found: Vec<String> = read.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into()).collect();
-    let mut wanted: Vec<String> = entries.iter().map(|(name, _)| name.to_string()).collect();
+    // A file in a subfolder (a checkpoint's critic/) is found as its folder.
+    let mut wanted: Vec<String> =
+        entries.iter().map(|(name, _)| name.split('/').next().unwrap_or(name).to_string()).collect();
     found.sort();
     wanted.sort();
+    wanted.dedup();
     found == wanted
 }
 

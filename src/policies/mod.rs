@@ -192,6 +192,23 @@ pub async fn checkpoint_folder(
     materialise(store, &marker.marker.files, &checkpoint.dir).await
 }
 
+/// The verified local folder of the subfolder `part` of a committed checkpoint (a
+/// critic's heads), or none when that version has none.
+pub async fn checkpoint_part(
+    store: &RunStore,
+    markers: &[StoredMarker],
+    name: &str,
+    version: u32,
+    part: &str,
+) -> Result<Option<PathBuf>, Error> {
+    let (marker, checkpoint) = find(markers, name, version)?;
+    let dir = format!("{}/{part}", checkpoint.dir);
+    if files::files_under(&marker.marker.files, &dir).is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(materialise(store, &marker.marker.files, &dir).await?))
+}
+
 /// A local copy of the optimiser state committed with version `version` of `name`,
 /// checked against its marker, if it has one (v0 has none: its first update starts the
 /// optimisation). Read it with `AdamWState::load`.
@@ -261,18 +278,20 @@ pub async fn save(
     name: &str,
     version: u32,
     optimizer: Option<&AdamWState>,
+    part: Option<(&str, &Path)>,
 ) -> Result<CheckpointRef, Error> {
     let base = loaded.base(name).cloned();
     let (policy, _) =
         loaded.model(name).ok_or_else(|| Error::UnknownPolicy { policy: name.into(), known: Vec::new() })?;
-    save_policy(writer, name, policy, base.as_ref(), version, optimizer).await
+    save_policy(writer, name, policy, base.as_ref(), version, optimizer, part).await
 }
 
 /// Writes `policy` as version `version` of `name` (parent `version - 1`, none for v0)
 /// into the attempt, under `layout::checkpoint_dir`, with the optimiser state the next
-/// update continues, and returns the entry for `CommitInfo::checkpoints`. A LoRA policy
-/// (one with a `base`) writes its adapter only; the base must be committed already (see
-/// [`save_base`]).
+/// update continues, and with `part` (name, local folder) that folder's files as the
+/// checkpoint's subfolder of that name (a critic's heads); returns the entry for
+/// `CommitInfo::checkpoints`. A LoRA policy (one with a `base`) writes its adapter only;
+/// the base must be committed already (see [`save_base`]).
 pub async fn save_policy(
     writer: &mut StageWriter<'_>,
     name: &str,
@@ -280,6 +299,7 @@ pub async fn save_policy(
     base: Option<&BaseRef>,
     version: u32,
     optimizer: Option<&AdamWState>,
+    part: Option<(&str, &Path)>,
 ) -> Result<CheckpointRef, Error> {
     let dir = store::layout::checkpoint_dir(name, version, writer.attempt());
     let parent = version.checked_sub(1).map(|p| format!("{name}/v{p:06}"));
@@ -298,6 +318,9 @@ pub async fn save_policy(
         state.save(&scratch.0.join(OPTIMIZER_FILE))?;
     }
     upload_dir(writer, &scratch.0, &dir).await?;
+    if let Some((part, local)) = part {
+        upload_dir(writer, local, &format!("{dir}/{part}")).await?;
+    }
     Ok(CheckpointRef {
         policy: name.to_string(),
         version,

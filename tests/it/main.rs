@@ -7,6 +7,7 @@ mod agent_programs;
 mod architecture;
 mod cli_config;
 mod cli_sql;
+mod critic;
 mod data_parallel;
 mod docs;
 mod env_host;

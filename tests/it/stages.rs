@@ -9,7 +9,7 @@ use petting::algo::Algorithm;
 use petting::algo::advantage::{group_stats, kept_groups};
 use petting::algo::grouping::{group_key, mixed_reward};
 use petting::config::{self, RunConfig};
-use petting::stages::{self, advantage, group};
+use petting::stages::{self, Session, advantage, group};
 use petting::store::{RunStore, Stage, StageId};
 use petting::tables::{GroupRow, SampleRow, TurnRow};
 
@@ -97,7 +97,7 @@ fn every_estimator_matches_its_pure_function() {
         block_on(async {
             let (store, config, turns) = run_with_rollout(name, "{}").await;
             group::run(&store, &config, 0).await.unwrap();
-            let marker = advantage::run(&store, &config, 0).await.unwrap();
+            let marker = advantage::run(&store, &config, 0, &Session::default()).await.unwrap();
             let samples: Vec<SampleRow> = store.read_rows(&[&marker]).await.unwrap();
             assert_eq!(samples.len(), turns.len(), "{name}: nothing is filtered");
 
@@ -135,7 +135,7 @@ fn a_truncation_penalty_is_added_to_the_reward_of_cut_replies_only() {
         turns.iter_mut().step_by(5).for_each(|t| t.finish_reason = "length".into());
         synthetic::commit_rows(&store, 0, &turns, 200).await;
         group::run(&store, &config, 0).await.unwrap();
-        let marker = advantage::run(&store, &config, 0).await.unwrap();
+        let marker = advantage::run(&store, &config, 0, &Session::default()).await.unwrap();
         let samples: Vec<SampleRow> = store.read_rows(&[&marker]).await.unwrap();
         let by_id: BTreeMap<&str, &SampleRow> = samples.iter().map(|s| (s.candidate_id.as_str(), s)).collect();
         let mut groups: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
@@ -162,7 +162,7 @@ fn at_grpo_advantages_sum_to_zero_per_group_and_carry_policy_and_lengths() {
     block_on(async {
         let (store, config, turns) = run_with_rollout("at_grpo", "{}").await;
         group::run(&store, &config, 0).await.unwrap();
-        let marker = advantage::run(&store, &config, 0).await.unwrap();
+        let marker = advantage::run(&store, &config, 0, &Session::default()).await.unwrap();
         let samples: Vec<SampleRow> = store.read_rows(&[&marker]).await.unwrap();
         let mut sums: BTreeMap<&str, f64> = BTreeMap::new();
         for s in &samples {
@@ -180,7 +180,7 @@ fn at_grpo_advantages_sum_to_zero_per_group_and_carry_policy_and_lengths() {
 fn a_stage_refuses_to_run_before_its_inputs_are_committed() {
     block_on(async {
         let (store, config, _) = run_with_rollout("at_grpo", "{}").await;
-        let err = advantage::run(&store, &config, 0).await.unwrap_err();
+        let err = advantage::run(&store, &config, 0, &Session::default()).await.unwrap_err();
         assert!(matches!(err, stages::Error::NotReady { needs: Stage::Group, .. }), "{err}");
         assert_eq!(err.to_string(), "advantage of iteration 0 needs group of iteration 0 committed first");
         let err = group::run(&store, &config, 1).await.unwrap_err();
@@ -195,7 +195,7 @@ fn re_running_a_stage_reproduces_its_table_bit_for_bit() {
         block_on(async {
             let (store, config, _) = run_with_rollout("at_grpo", "{}").await;
             group::run(&store, &config, 0).await.unwrap();
-            let marker = advantage::run(&store, &config, 0).await.unwrap();
+            let marker = advantage::run(&store, &config, 0, &Session::default()).await.unwrap();
             marker.files.iter().map(|f| f.sha256.clone()).collect::<Vec<_>>()
         })
     };

@@ -224,6 +224,8 @@ fn a_batch_with_the_wrong_schema_is_refused_before_anything_is_written() {
                 mixed_reward: 1.0,
                 advantage: 0.0,
                 response_token_count: 3,
+                value: None,
+                value_target: None,
             };
             let mut writer = store.begin(StageId::at(Stage::Rollout, 0));
             let batch = tables::to_batch(&[sample]).unwrap();

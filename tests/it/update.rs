@@ -228,7 +228,7 @@ pub(crate) async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<Tu
     };
     writer.finish().commit(info).await.unwrap();
     group::run(&run.store, &run.config, iteration).await.unwrap();
-    advantage::run(&run.store, &run.config, iteration).await.unwrap();
+    advantage::run(&run.store, &run.config, iteration, &Session::default()).await.unwrap();
     rows
 }
 
@@ -721,7 +721,7 @@ fn update_refuses_without_v0_or_out_of_step() {
         writer.write_table(Table::Turns, Partition::Iteration(0), &[]).await.unwrap();
         writer.finish().commit(info).await.unwrap();
         group::run(&run.store, &run.config, 0).await.unwrap();
-        advantage::run(&run.store, &run.config, 0).await.unwrap();
+        advantage::run(&run.store, &run.config, 0, &Session::default()).await.unwrap();
     });
     let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
     assert!(matches!(refusal(&err), update::Error::NoCheckpoint { .. }), "{err}");

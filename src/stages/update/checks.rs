@@ -25,6 +25,10 @@ pub(super) struct Sequence {
     pub(super) advantage: f64,
     /// The response ran into `max_new_tokens`.
     pub(super) truncated: bool,
+    pub(super) agent: String,
+    /// PPO's critic: its value of the turn at sampling time, and the target it is fitted to.
+    pub(super) value: Option<f64>,
+    pub(super) value_target: Option<f64>,
 }
 
 /// What one policy trains on, once every check has passed.
@@ -225,5 +229,8 @@ fn sequence_of(sample: &SampleRow, turn: &TurnRow) -> Result<Option<Sequence>, E
         engine: turn.engine.clone(),
         advantage: sample.advantage,
         truncated: turn.finish_reason == TRUNCATED_FINISH_REASON,
+        agent: sample.agent.clone(),
+        value: sample.value,
+        value_target: sample.value_target,
     }))
 }

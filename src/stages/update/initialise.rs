@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
+use crate::critic::CRITIC_DIR;
 use crate::model::{AdamWState, LanguageModel, ModelConfig};
 use crate::policies::{self, BaseRef, Fetched, LoadedPolicies, ModelInit, PolicyConfig};
 use crate::progress::{Progress, phase};
@@ -53,7 +54,7 @@ pub async fn initialise(
                 let base = bases.commit(&mut writer, name, &policy_config.model).await?;
                 let mut policy = LanguageModel::load(&policy_config.model, &policy_config.load_options())?;
                 policy.add_adapter(name, lora, stream(&[config.seed, Key::LORA, name_key(name)]))?;
-                policies::save_policy(&mut writer, name, &policy, Some(&base), 0, None).await?
+                policies::save_policy(&mut writer, name, &policy, Some(&base), 0, None, None).await?
             }
             (ModelInit::Scratch, Some(_)) => {
                 unreachable!("config validation refuses init: scratch with lora outside a fork")
@@ -80,7 +81,7 @@ pub async fn initialise(
                     );
                     model_seconds += started.elapsed().as_secs_f64();
                 }
-                policies::save_policy(&mut writer, name, &policy, None, 0, None).await?
+                policies::save_policy(&mut writer, name, &policy, None, 0, None, None).await?
             }
         };
         saved.push(checkpoint);
@@ -169,7 +170,7 @@ async fn initialise_from(
                 let base = bases.commit(&mut writer, &name, &fetched.dir).await?;
                 let mut policy = LanguageModel::load(&fetched.dir, &policy_config.load_options())?;
                 policy.add_adapter(&name, lora, stream(&[config.seed, Key::LORA, name_key(&name)]))?;
-                policies::save_policy(&mut writer, &name, &policy, Some(&base), k, None).await?
+                policies::save_policy(&mut writer, &name, &policy, Some(&base), k, None, None).await?
             }
             // The source's weights, and its optimisation goes on.
             (source_base, _) => {
@@ -182,10 +183,15 @@ async fn initialise_from(
                     .map_err(|e| fork_error(fork, e))?
                     .map(|path| AdamWState::load(&path))
                     .transpose()?;
+                // The critic's heads go on with it too.
+                let critic = policies::checkpoint_part(&source, &markers, &from, k, CRITIC_DIR)
+                    .await
+                    .map_err(|e| fork_error(fork, e))?;
                 let mut loaded = LoadedPolicies::default();
                 loaded.add(&config.policies, fetched)?;
                 let (policy, _) = loaded.model(&name).expect("just added");
-                policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref()).await?
+                let part = critic.as_deref().map(|dir| (CRITIC_DIR, dir));
+                policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref(), part).await?
             }
         };
         saved.push(checkpoint);

@@ -51,6 +51,7 @@
 //! entropy would need the (N, V) logits the training forward avoids. SFT rows record 0.
 
 mod checks;
+mod critic_fit;
 mod data_parallel;
 mod error;
 mod initialise;
@@ -62,6 +63,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::RunConfig;
+use crate::critic::CRITIC_DIR;
 use crate::model::AdamWState;
 use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
@@ -103,18 +105,25 @@ pub async fn run(
     let turns: Vec<TurnRow> = store.read_rows(&rollout_markers).await?;
     let samples: Vec<SampleRow> = store.read_rows(&advantage_markers).await?;
     let sets = checks::training_sets(&config.policies, &markers, &rollout, &turns, &samples, iteration)?;
+    let critic = config.critic.as_ref().filter(|_| config.algorithm.name.needs_critic());
+    let critic_inputs = critic.map(|c| crate::critic::inputs(&turns, c.sees, c.max_input_tokens as usize));
     drop((turns, samples));
 
     // Every checkpoint is verified (or the resident one matches its marker) before
     // anything is written.
     let mut read: Vec<InputRef> = rollout.iter().chain(&advantage).map(StoredMarker::input_ref).collect();
     let mut optimizers = Vec::with_capacity(sets.len());
+    let mut critic_parts = Vec::with_capacity(sets.len());
     for set in &sets {
         let (source, _) = policies::find(&markers, &set.name, set.current.version)?;
         if !read.contains(&source.input_ref()) {
             read.push(source.input_ref());
         }
         optimizers.push(policies::optimizer_file(store, &markers, &set.name, set.current.version).await?);
+        critic_parts.push(match critic {
+            Some(_) => policies::checkpoint_part(store, &markers, &set.name, set.current.version, CRITIC_DIR).await?,
+            None => None,
+        });
     }
     let ranks = session.ranks.as_ref();
     // With pools, this rank trains its pool's policies over its pool's ranks; else every
@@ -138,7 +147,7 @@ pub async fn run(
         None => session.policies.take(store, &config.policies, iteration).await?,
     };
     let mut outcome = Outcome::default();
-    for (set, optimizer) in sets.into_iter().zip(optimizers) {
+    for ((set, optimizer), critic_part) in sets.into_iter().zip(optimizers).zip(critic_parts) {
         if let Some((name, _)) = &pool
             && config.policies[&set.name].pool.as_ref() != Some(name)
         {
@@ -148,13 +157,38 @@ pub async fn run(
         let optimizer = optimizer.map(|path| AdamWState::load(&path)).transpose()?;
         let started = Instant::now();
         let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, trainers, progress)?;
+        let fitted = match (critic, &critic_inputs) {
+            (Some(critic), Some(inputs)) => {
+                let (model, adapter) = loaded.model(&set.name).expect("the policy is in memory");
+                let adapter = adapter.map(str::to_owned);
+                let (part, name) = (critic_part.as_deref(), set.name.clone());
+                let fitted = tokio::task::block_in_place(|| {
+                    critic_fit::fit(model, adapter.as_deref(), config, critic, &set, inputs, part, iteration)
+                })
+                .map_err(|e| e.out_of_memory_in(stage, Some(&name), &memory_knob(&config.update)))?;
+                Some(fitted)
+            }
+            _ => None,
+        };
         outcome.model_seconds += started.elapsed().as_secs_f64();
         if !writes {
             continue;
         }
         outcome.rows.extend(trained.steps);
         outcome.gaps.extend(trained.gaps);
-        let checkpoint = policies::save(&mut writer, &mut loaded, &set.name, iteration + 1, optimizer.as_ref()).await?;
+        let heads = match fitted {
+            Some(fitted) => {
+                outcome.rows.extend(fitted.rows);
+                let dir = tempfile::tempdir()
+                    .map_err(|source| policies::Error::Cache { path: std::env::temp_dir(), source })?;
+                fitted.critics.save(dir.path())?;
+                Some(dir)
+            }
+            None => None,
+        };
+        let part = heads.as_ref().map(|dir| (CRITIC_DIR, dir.path()));
+        let checkpoint =
+            policies::save(&mut writer, &mut loaded, &set.name, iteration + 1, optimizer.as_ref(), part).await?;
         loaded.advance(&set.name, iteration + 1, checkpoint.weights_sha256.clone());
         outcome.saved.push(checkpoint);
         outcome.used.push(set.current);

@@ -384,6 +384,8 @@ fn step_row(
         allreduce_bytes: facts.done.all_reduce.map(|a| a.bytes),
         allreduce_seconds: facts.done.all_reduce.map(|a| a.seconds),
         seconds: facts.start.elapsed().as_secs_f64(),
+        agent: None,
+        explained_variance: None,
     }
 }
 

@@ -105,6 +105,8 @@ pub(super) fn train(
             allreduce_bytes: None,
             allreduce_seconds: None,
             seconds: start.elapsed().as_secs_f64(),
+            agent: None,
+            explained_variance: None,
         });
         progress.advance(1, tokens as u64);
     }

@@ -1,0 +1,201 @@
+//! PPO's advantages: every turn valued by its agent's critic (version k, on the policy's
+//! trunk of version k), then GAE along each agent's turns of every episode.
+//!
+//! The values are computed here rather than in the rollout: they are the critic's, not
+//! the sampler's (a vLLM rollout has no value head), the critic of version k judges the
+//! whole iteration at once, and a replay fork re-values stored turns with its own critic
+//! without rewriting them. They are kept in `samples` beside the advantages they made.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::algo::credit::Step;
+use crate::algo::critic::{episode_gae, episode_rewards, whiten};
+use crate::algo::{AlgorithmConfig, TRUNCATED_FINISH_REASON, Truncated};
+use crate::config::RunConfig;
+use crate::critic::{CRITIC_DIR, CriticConfig, Critics, features, inputs as critic_inputs};
+use crate::policies;
+use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Stage, StageId, StoredMarker};
+use crate::tables::{SampleRow, TurnRow};
+
+use super::super::{Error, Session, commit_rows, inputs, run_info, verify_inputs};
+
+pub(super) async fn run(
+    store: &RunStore,
+    config: &RunConfig,
+    critic: &CriticConfig,
+    iteration: u32,
+    session: &Session,
+) -> Result<CommitMarker, Error> {
+    let stage = StageId::at(Stage::Advantage, iteration);
+    let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
+    let groups = inputs(store, stage, Stage::Group, iteration).await?;
+    verify_inputs(store, &groups).await?;
+    let rollout_markers: Vec<&crate::store::CommitMarker> = rollout.iter().map(|m| &m.marker).collect();
+    let turns: Vec<TurnRow> = store.read_rows(&rollout_markers).await?;
+    let mut read: Vec<InputRef> = rollout.iter().chain(&groups).map(StoredMarker::input_ref).collect();
+    let values = values(store, config, critic, iteration, session, &turns, &mut read).await?;
+    let samples = samples(&turns, &values, &config.algorithm, critic);
+    commit_rows(store.begin(stage), &samples, CommitInfo { inputs: read, ..run_info(config) }).await
+}
+
+/// Every turn's value, by candidate id, from its agent's critic in its policy's
+/// checkpoint of version `iteration` (one policy in memory at a time); each checkpoint
+/// read is added to `read`.
+async fn values(
+    store: &RunStore,
+    config: &RunConfig,
+    critic: &CriticConfig,
+    iteration: u32,
+    session: &Session,
+    turns: &[TurnRow],
+    read: &mut Vec<InputRef>,
+) -> Result<HashMap<String, f64>, Error> {
+    let markers = store.markers().await?;
+    let mut inputs = critic_inputs(turns, critic.sees, critic.max_input_tokens as usize);
+    let mut loaded = session.policies.take(store, &config.policies, iteration).await?;
+    let mut values = HashMap::with_capacity(turns.len());
+    for name in config.policies.keys() {
+        let mut by_agent: BTreeMap<&str, Vec<&TurnRow>> = BTreeMap::new();
+        for row in turns.iter().filter(|r| &r.policy == name) {
+            by_agent.entry(row.agent.as_str()).or_default().push(row);
+        }
+        if by_agent.is_empty() {
+            continue;
+        }
+        let (source, _) = policies::find(&markers, name, iteration)?;
+        if !read.contains(&source.input_ref()) {
+            read.push(source.input_ref());
+        }
+        loaded.keep_only(name);
+        if loaded.member(name).is_none() {
+            loaded.add(&config.policies, policies::fetch(store, &markers, name, iteration).await?)?;
+        }
+        let saved = policies::checkpoint_part(store, &markers, name, iteration, CRITIC_DIR).await?;
+        let (model, adapter) = loaded.model(name).expect("the policy is in memory");
+        let agents: Vec<&str> = by_agent.keys().copied().collect();
+        let width = model.config().hidden_size as i64;
+        let critics = Critics::load(saved.as_deref(), &agents, width, config.seed, model.device())?;
+        let budget = config.update.micro_batch_tokens as usize;
+        let adapter = adapter.map(str::to_owned);
+        for (agent, rows) in by_agent {
+            let agent_inputs: Vec<Vec<i64>> =
+                rows.iter().map(|r| inputs.remove(&r.candidate_id).expect("every turn has an input")).collect();
+            let x = tokio::task::block_in_place(|| features(model, adapter.as_deref(), &agent_inputs, budget))?;
+            for (row, value) in rows.iter().zip(critics.values(agent, &x)) {
+                values.insert(row.candidate_id.clone(), value);
+            }
+        }
+    }
+    session.policies.give_back(loaded);
+    Ok(values)
+}
+
+/// The samples of `turns`: GAE over each episode (task, episode) in play order, with
+/// each turn's value from `values`, the truncation penalty in the reward where it
+/// applies, the advantages of each policy whitened if asked.
+fn samples(
+    turns: &[TurnRow],
+    values: &HashMap<String, f64>,
+    algorithm: &AlgorithmConfig,
+    critic: &CriticConfig,
+) -> Vec<SampleRow> {
+    let mut episodes: BTreeMap<(&str, u32), Vec<&TurnRow>> = BTreeMap::new();
+    for row in turns {
+        episodes.entry((row.task_id.as_str(), row.episode)).or_default().push(row);
+    }
+    let penalty = |row: &TurnRow| match algorithm.truncated {
+        Truncated::Penalty if row.finish_reason == TRUNCATED_FINISH_REASON => algorithm.truncation_penalty,
+        _ => 0.0,
+    };
+    let mut samples = Vec::with_capacity(turns.len());
+    for mut episode in episodes.into_values() {
+        episode.sort_by_key(|r| r.node_id);
+        let steps: Vec<Step> = episode
+            .iter()
+            .map(|r| Step { agent: &r.agent, local_reward: r.local_reward + penalty(r), team_reward: r.team_reward })
+            .collect();
+        let own: Vec<f64> = episode.iter().map(|r| values[&r.candidate_id]).collect();
+        let estimates = episode_gae(algorithm.alpha, algorithm.gamma, critic.lambda, &steps, &own);
+        let rewards = episode_rewards(algorithm.alpha, &steps);
+        for (i, row) in episode.iter().enumerate() {
+            samples.push(SampleRow {
+                candidate_id: row.candidate_id.clone(),
+                group_id: row.task_id.clone(),
+                agent: row.agent.clone(),
+                policy: row.policy.clone(),
+                policy_version: row.policy_version,
+                mixed_reward: rewards[i],
+                advantage: estimates.advantages[i],
+                response_token_count: row.response_tokens.len() as u32,
+                value: Some(own[i]),
+                value_target: Some(estimates.returns[i]),
+            });
+        }
+    }
+    if critic.whiten_advantages {
+        let mut policies: Vec<String> = samples.iter().map(|s| s.policy.clone()).collect();
+        policies.sort_unstable();
+        policies.dedup();
+        for policy in policies {
+            let mine: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].policy == policy).collect();
+            let mut advantages: Vec<f64> = mine.iter().map(|&i| samples[i].advantage).collect();
+            whiten(&mut advantages);
+            for (&i, a) in mine.iter().zip(advantages) {
+                samples[i].advantage = a;
+            }
+        }
+    }
+    samples.sort_by(|a, b| a.candidate_id.cmp(&b.candidate_id));
+    samples
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(episode: u32, node_id: u32, agent: &str, local_reward: f64, team_reward: f64) -> TurnRow {
+        TurnRow {
+            candidate_id: format!("e{episode}/n{node_id}"),
+            task_id: "t".into(),
+            episode,
+            node_id,
+            agent: agent.into(),
+            policy: "shared".into(),
+            local_reward,
+            team_reward,
+            response_tokens: vec![1, 2],
+            finish_reason: "stop".into(),
+            ..TurnRow::default()
+        }
+    }
+
+    #[test]
+    fn each_episode_is_its_own_trajectory_and_the_values_and_targets_are_kept() {
+        // Two episodes of a, b; the second stored out of play order and truncated at b.
+        let mut cut = turn(1, 1, "b", 0.0, 1.0);
+        cut.finish_reason = TRUNCATED_FINISH_REASON.into();
+        let rows = vec![turn(0, 0, "a", 0.0, 0.0), turn(0, 1, "b", 0.5, 2.0), cut, turn(1, 0, "a", 0.2, 0.0)];
+        let values: HashMap<String, f64> =
+            [("e0/n0", 1.0), ("e0/n1", 0.5), ("e1/n0", 0.0), ("e1/n1", 0.25)].map(|(k, v)| (k.into(), v)).into();
+        let algorithm = AlgorithmConfig { alpha: 1.0, truncated: Truncated::Penalty, ..AlgorithmConfig::default() };
+        let critic = CriticConfig { lambda: 1.0, whiten_advantages: false, ..CriticConfig::default() };
+        let got = samples(&rows, &values, &algorithm, &critic);
+        let ids: Vec<&str> = got.iter().map(|s| s.candidate_id.as_str()).collect();
+        assert_eq!(ids, ["e0/n0", "e0/n1", "e1/n0", "e1/n1"]);
+        // Episode 0, R = 2: a's reward 0 + 2, b's 0.5 + 2; one turn each, so A = r − V.
+        // Episode 1, R = 1: a 0.2 + 1; b 0 − 1 (truncation penalty) + 1 = 0.
+        let rewards: Vec<f64> = got.iter().map(|s| s.mixed_reward).collect();
+        assert_eq!(rewards, [2.0, 2.5, 1.2, 0.0]);
+        let advantages: Vec<f64> = got.iter().map(|s| s.advantage).collect();
+        assert_eq!(advantages, [1.0, 2.0, 1.2, -0.25]);
+        assert_eq!(got[3].value, Some(0.25));
+        assert_eq!(got[3].value_target, Some(0.0));
+        // Whitened: mean 0 and variance 1 over the policy's samples.
+        let whitened = samples(&rows, &values, &algorithm, &CriticConfig { whiten_advantages: true, ..critic });
+        let a: Vec<f64> = whitened.iter().map(|s| s.advantage).collect();
+        let mean = a.iter().sum::<f64>() / 4.0;
+        let variance = a.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 4.0;
+        assert!(mean.abs() < 1e-12 && (variance - 1.0).abs() < 1e-6, "{a:?}");
+        assert_eq!(whitened[3].value_target, Some(0.0), "targets are not whitened");
+    }
+}

@@ -1,0 +1,112 @@
+//! The critic's part of a PPO update: each agent's value head fitted to its samples' GAE
+//! targets on the features of the policy's new trunk, then saved into the new version's
+//! checkpoint beside the policy.
+//!
+//! The features are taken after the policy's steps, from the weights version k+1 holds:
+//! those the next iteration's values are computed on. The clip is against the values the
+//! advantage stage recorded (`samples.value`), as PPO clips against the old critic.
+//! With ranks, every rank fits alike (the same features, order and steps on CPU), and
+//! the leader saves.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::config::RunConfig;
+use crate::critic::{CriticConfig, Critics, FitSet, FitStep, features};
+use crate::model::LanguageModel;
+use crate::rng::{Key, name_key, stream};
+use crate::tables::UpdateRow;
+
+use super::Error;
+use super::checks::TrainingSet;
+
+/// The heads after their fit, and one `updates` row per step.
+pub(super) struct Fitted {
+    pub(super) critics: Critics,
+    pub(super) rows: Vec<UpdateRow>,
+}
+
+/// Fits the heads of every agent `set`'s policy plays (loaded from `saved`, the critic
+/// folder of version k, or fresh) on its samples, whose critic inputs are `inputs`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fit(
+    model: &mut LanguageModel,
+    adapter: Option<&str>,
+    config: &RunConfig,
+    critic: &CriticConfig,
+    set: &TrainingSet,
+    inputs: &HashMap<String, Vec<i64>>,
+    saved: Option<&Path>,
+    iteration: u32,
+) -> Result<Fitted, crate::stages::Error> {
+    let agents: Vec<&str> =
+        config.agents.iter().filter(|(_, a)| a.policy == set.name).map(|(agent, _)| agent.as_str()).collect();
+    let width = model.config().hidden_size as i64;
+    let mut critics = Critics::load(saved, &agents, width, config.seed, model.device())?;
+    let mut rows = Vec::new();
+    for agent in agents {
+        let mine: Vec<_> = set.sequences.iter().filter(|s| s.agent == agent).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut old = Vec::with_capacity(mine.len());
+        let mut targets = Vec::with_capacity(mine.len());
+        for s in &mine {
+            let (Some(value), Some(target)) = (s.value, s.value_target) else {
+                let reason = "samples gives it no value or value_target, which ppo's advantage stage writes".into();
+                return Err(Error::BadRow { candidate_id: s.candidate_id.clone(), reason }.into());
+            };
+            old.push(value);
+            targets.push(target);
+        }
+        let started = Instant::now();
+        let agent_inputs: Vec<Vec<i64>> = mine.iter().map(|s| inputs[&s.candidate_id].clone()).collect();
+        let x = features(model, adapter, &agent_inputs, config.update.micro_batch_tokens as usize)?;
+        let seed = stream(&[config.seed, Key::CRITIC, u64::from(iteration), name_key(agent)]);
+        let steps = critics.fit(
+            agent,
+            &FitSet { features: &x, old_values: &old, targets: &targets },
+            critic,
+            config.update.grad_clip,
+            seed,
+        )?;
+        let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
+        rows.extend(steps.into_iter().map(|step| row(&set.name, set.current.version, step, seconds)));
+    }
+    Ok(Fitted { critics, rows })
+}
+
+/// The `updates` row of one step of a head.
+fn row(policy: &str, version: u32, step: FitStep, seconds: f64) -> UpdateRow {
+    UpdateRow {
+        policy: policy.to_owned(),
+        mode: "critic".into(),
+        version_from: version,
+        version_to: version + 1,
+        step: step.step,
+        loss: step.loss,
+        clip_fraction: step.clip_fraction,
+        ratio_mean: 0.0,
+        ratio_max: 0.0,
+        logprob_drift_mean: 0.0,
+        logprob_drift_max: 0.0,
+        approx_kl: 0.0,
+        grad_norm: step.grad_norm,
+        entropy: 0.0,
+        tokens: 0,
+        sequences: step.sequences,
+        learning_rate: step.learning_rate,
+        weights_change: Some(step.weights_change),
+        skipped: Some(step.skipped),
+        truncated: None,
+        mismatch_fraction: None,
+        mismatch_p95: None,
+        ranks: None,
+        allreduce_bytes: None,
+        allreduce_seconds: None,
+        seconds,
+        agent: Some(step.agent),
+        explained_variance: step.explained_variance,
+    }
+}

@@ -1,0 +1,199 @@
+//! PPO with a learned critic, end to end on the tiny fixture: every turn valued by its
+//! agent's head, GAE along each agent's turns, the heads fitted and committed with their
+//! policy's checkpoint, and carried through a resume, a fork and a replay.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::pipeline::{run_file, sql_rows};
+use crate::support::{RunFile, run};
+
+fn ppo_run(store: &Path, sees: &str, lambda: &str) -> RunFile {
+    run_file(&store.display().to_string(), 3)
+        .set("workflow", "{kind: tool_planner, max_turns: 2}")
+        .set(
+            "rollout",
+            "{mode: independent, tasks_per_iteration: 3, episodes_per_task: 2, \
+             sampling: {temperature: 1.0, max_new_tokens: 8}}",
+        )
+        .set("algorithm", "{name: ppo, gamma: 0.9, alpha: 1.0}")
+        .set(
+            "critic",
+            &format!(
+                "{{sees: {sees}, lambda: {lambda}, epochs: 2, mini_batch_sequences: 4, \
+             optimizer: {{warmup_steps: 100}}}}"
+            ),
+        )
+        .set("update", "{mini_batch_sequences: 12}")
+        .set("evaluation", "{every: 0, at_start: false, tasks: 2}")
+}
+
+/// One turn as GAE reads it.
+#[derive(Debug, Clone, PartialEq)]
+struct Turn {
+    episode: String,
+    agent: String,
+    local: f64,
+    team: f64,
+    value: f64,
+    target: f64,
+}
+
+/// Iteration `k`'s turns, in play order within each episode.
+fn turns(store: &Path, k: u32) -> Vec<Turn> {
+    let query = format!(
+        "select concat(t.task_id, '/', cast(t.episode as varchar)), t.agent, t.local_reward, t.team_reward, \
+         s.value, s.value_target from turns t join samples s using (candidate_id) \
+         where t.iteration = {k} and s.iteration = {k} order by t.task_id, t.episode, t.node_id"
+    );
+    sql_rows(store, &query)
+        .iter()
+        .map(|line| {
+            let c: Vec<&str> = line.split(',').collect();
+            let f = |i: usize| c[i].parse::<f64>().unwrap_or_else(|_| panic!("{line}"));
+            Turn { episode: c[0].into(), agent: c[1].into(), local: f(2), team: f(3), value: f(4), target: f(5) }
+        })
+        .collect()
+}
+
+/// GAE's value targets, written out here from the definition: per episode, each agent's
+/// turns walked back, its local rewards and the team's final reward at its last turn.
+fn targets_by_hand(turns: &[Turn], gamma: f64, lambda: f64) -> Vec<f64> {
+    let mut episodes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, t) in turns.iter().enumerate() {
+        episodes.entry(&t.episode).or_default().push(i);
+    }
+    let mut targets = vec![f64::NAN; turns.len()];
+    for rows in episodes.values() {
+        let team = turns[*rows.last().unwrap()].team;
+        let mut next: BTreeMap<&str, (f64, f64)> = BTreeMap::new(); // agent → (V, A) of its next turn
+        for &i in rows.iter().rev() {
+            let t = &turns[i];
+            let (reward, (next_value, next_advantage)) = match next.get(t.agent.as_str()) {
+                Some(&later) => (t.local, later),
+                None => (t.local + team, (0.0, 0.0)),
+            };
+            let advantage = reward + gamma * next_value - t.value + gamma * lambda * next_advantage;
+            targets[i] = advantage + t.value;
+            next.insert(&t.agent, (t.value, advantage));
+        }
+    }
+    targets
+}
+
+fn close(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5)
+}
+
+#[test]
+fn ppo_fits_each_agents_critic_and_carries_it_through_resume_fork_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("ppo");
+    let file = ppo_run(&store, "joint", "0.8").write(&dir.path().join("ppo.yaml"));
+    // Stopped before iteration 1's advantage, then resumed by a new process: the critic
+    // of v1 comes back from the committed checkpoint.
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file, "--until", "advantage:1"]);
+    assert!(ok, "{stdout}{stderr}");
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file]);
+    assert!(ok, "{stdout}{stderr}");
+
+    for k in [0, 1] {
+        let rows = turns(&store, k);
+        assert!(rows.len() >= 6, "{rows:?}");
+        assert!(rows.iter().any(|t| t.agent == "tool") && rows.iter().any(|t| t.agent == "planner"));
+        let targets: Vec<f64> = rows.iter().map(|t| t.target).collect();
+        assert!(close(&targets, &targets_by_hand(&rows, 0.9, 0.8)), "iteration {k}: {rows:?}");
+    }
+    // Whitened advantages per policy.
+    let spread = "select policy, avg(advantage), var_pop(advantage) from samples where iteration = 1 group by 1";
+    for line in sql_rows(&store, spread) {
+        let c: Vec<f64> = line.split(',').skip(1).map(|x| x.parse().unwrap()).collect();
+        assert!(c[0].abs() < 1e-9 && (c[1] - 1.0).abs() < 1e-3, "{line}");
+    }
+    // Each agent's head took its steps (2 epochs of 4-sample mini-batches) and moved.
+    let steps = sql_rows(
+        &store,
+        "select iteration, policy, agent, count(*), min(weights_change) > 0, count(explained_variance) >= 0 \
+         from updates where mode = 'critic' group by 1, 2, 3 order by 1, 2, 3",
+    );
+    assert_eq!(steps.len(), 4, "{steps:?}");
+    assert!(steps.iter().all(|s| s.ends_with(",true,true")), "{steps:?}");
+    assert!(steps[0].starts_with("0,coder,tool,") && steps[1].starts_with("0,pilot,planner,"), "{steps:?}");
+    // Iteration 1's fit continues iteration 0's optimiser, loaded with v1's heads: its
+    // warm-up goes on where it stopped.
+    let learning_rates = sql_rows(
+        &store,
+        "select iteration, agent, min(learning_rate), max(learning_rate) from updates where mode = 'critic' \
+         group by 1, 2 order by 2, 1",
+    );
+    for pair in learning_rates.chunks(2) {
+        let bound = |line: &str, i: usize| line.split(',').nth(i).unwrap().parse::<f64>().unwrap();
+        assert!(bound(&pair[1], 2) > bound(&pair[0], 3), "{learning_rates:?}");
+    }
+    // The heads are part of each trained version's checkpoint, not of v0.
+    let heads = |version: &str| -> Vec<String> {
+        let mut found: Vec<String> = crate::support::files_under(&store.join("checkpoints"))
+            .iter()
+            .map(|p| p.strip_prefix(&store).unwrap().display().to_string())
+            .filter(|p| p.contains(&format!("/{version}.")) && p.contains("/critic/"))
+            .map(|p| {
+                let parts: Vec<&str> = p.split('/').collect();
+                format!("{}/{}", parts[1], parts[parts.len() - 1])
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    assert!(heads("v000000").is_empty());
+    assert_eq!(
+        heads("v000002"),
+        [
+            "coder/tool.optimizer.safetensors",
+            "coder/tool.value_head.safetensors",
+            "pilot/planner.optimizer.safetensors",
+            "pilot/planner.value_head.safetensors"
+        ],
+        "policy/file of every head and its optimiser"
+    );
+
+    // A replay fork of iteration 1 with another λ: the same turns, valued by the very
+    // critic v1 it forked (values equal), and GAE'd its own way (targets differ).
+    let replayed = dir.path().join("replayed");
+    let file = ppo_run(&replayed, "joint", "0.3").write(&dir.path().join("replayed.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file, "--from", &format!("{}@1:group", store.display())]);
+    assert!(ok, "{stdout}{stderr}");
+    let (source, again) = (turns(&store, 1), turns(&replayed, 1));
+    let values = |rows: &[Turn]| rows.iter().map(|t| t.value).collect::<Vec<f64>>();
+    assert!(close(&values(&source), &values(&again)), "{source:?}\n{again:?}");
+    let targets: Vec<f64> = again.iter().map(|t| t.target).collect();
+    assert!(close(&targets, &targets_by_hand(&again, 0.9, 0.3)));
+    assert!(!close(&targets, &source.iter().map(|t| t.target).collect::<Vec<_>>()), "λ changes the targets");
+}
+
+#[test]
+fn a_critic_that_sees_its_own_prompt_values_otherwise_than_one_that_sees_the_joint_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let (own, joint) = (dir.path().join("own"), dir.path().join("joint"));
+    for (store, sees) in [(&own, "own"), (&joint, "joint")] {
+        let file = ppo_run(store, sees, "0.8").set("iterations", "1").write(&dir.path().join(format!("{sees}.yaml")));
+        let (ok, stdout, stderr) = run(&["pipeline", "run", &file]);
+        assert!(ok, "{stdout}{stderr}");
+    }
+    // Same turns (same seed, same weights), the same fresh heads: the first turn of an
+    // episode sees only its prompt either way; later turns see more with a joint critic.
+    let (a, b) = (turns(&own, 0), turns(&joint, 0));
+    assert_eq!(
+        a.iter().map(|t| (&t.episode, t.local)).collect::<Vec<_>>(),
+        b.iter().map(|t| (&t.episode, t.local)).collect::<Vec<_>>()
+    );
+    let first = |rows: &[Turn]| {
+        let mut seen = std::collections::BTreeSet::new();
+        rows.iter().map(|t| seen.insert(t.episode.clone())).collect::<Vec<bool>>()
+    };
+    for ((x, y), first) in a.iter().zip(&b).zip(first(&a)) {
+        if first {
+            assert!((x.value - y.value).abs() < 1e-5, "{x:?} vs {y:?}");
+        }
+    }
+    assert!(a.iter().zip(&b).any(|(x, y)| (x.value - y.value).abs() > 1e-6), "a joint critic sees more");
+}
