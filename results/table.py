@@ -27,6 +27,8 @@ ROWS = [
     ("single agent + GRPO ¹", "single agent + AT-GRPO"),
     ("MAS (untrained)", "MAS"),
     ("MAS + GRPO (shared)", "MAS + GRPO (shared)"),
+    ("MAS + PPO, a critic per agent", "MAS + PPO (GAE) (shared)"),
+    ("MAS + MAPPO, centralised critics", "MAS + MAPPO (shared)"),
     ("MAS + AT-GRPO (shared)", "MAS + AT-GRPO (shared)"),
     ("MAS + AT-GRPO (per-role, L2)", "MAS + AT-GRPO (per-role)"),
     ("per-role L2, swapped", "MAS + AT-GRPO (per-role), swapped"),

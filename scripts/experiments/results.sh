@@ -4,7 +4,8 @@
 #   scripts/experiments/results.sh plan-path 1 2 3      # or sudoku, sokoban, math, code, tic-tac-toe-smollm2
 #
 # Per seed: the team with a shared policy trained with AT-GRPO (its version 0 gives the
-# untrained "MAS" row); the team trained with plain GRPO; where the pipelines exist
+# untrained "MAS" row); the team trained with plain GRPO; with PPO and a learned critic,
+# independent (ppo) or centralised (mappo); where the pipelines exist
 # (pipelines/<task>-<row>.yaml), with a full model per role (L2), with a LoRA adapter per
 # role (L1), with each agent trained alone (the paper's "train in single agent, evaluate
 # in MAS"), and the single agent. A task that warm-starts its model (the grid tasks) forks
@@ -32,7 +33,7 @@ for seed in "$@"; do
         from=(--from "runs/results/$task-s$seed@0")
     fi
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
-    for row in grpo returns per-role lora alone single-agent; do
+    for row in grpo ppo mappo returns per-role lora alone single-agent; do
         [[ -f "pipelines/$task-$row.yaml" ]] || continue
         fork=("${from[@]}")
         if [[ $row == single-agent ]]; then

@@ -47,6 +47,8 @@ pub struct Method {
     pub alpha: f64,
     /// Rollouts played each agent alone (`workflow.alone`).
     pub alone: bool,
+    /// PPO's critic reads the joint history (MAPPO), not each agent's own prompt.
+    pub centralised_critic: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +76,7 @@ impl Method {
             specialisation,
             alpha: config.algorithm.alpha,
             alone: config.workflow.alone,
+            centralised_critic: config.critic.as_ref().is_some_and(|c| c.centralised()),
         }
     }
 
@@ -95,7 +98,8 @@ impl Method {
         };
         let mut label = if trained {
             let alpha = if self.alpha == 1.0 { String::new() } else { format!(" α={}", self.alpha) };
-            format!("{team} + {}{specialisation}{alpha}", self.algorithm.label())
+            let estimator = if self.centralised_critic { "MAPPO" } else { self.algorithm.label() };
+            format!("{team} + {estimator}{specialisation}{alpha}")
         } else if self.specialisation == Specialisation::Shared {
             team.to_string()
         } else {
@@ -357,7 +361,7 @@ mod tests {
     use super::*;
 
     fn method(single_agent: bool, algorithm: Algorithm, specialisation: Specialisation) -> Method {
-        Method { single_agent, algorithm, specialisation, alpha: 1.0, alone: false }
+        Method { single_agent, algorithm, specialisation, alpha: 1.0, alone: false, centralised_critic: false }
     }
 
     fn run(method: Method, seed: u64, forked: bool, success: &[(&str, &[(i64, f64)])]) -> RunResults {
@@ -390,6 +394,10 @@ mod tests {
         assert_eq!(alone.row(true, "multi_agent").label, "single agent + GRPO");
         let half = Method { alpha: 0.5, ..method(false, Algorithm::Magrpo, Specialisation::PerRoleLora) };
         assert_eq!(half.row(true, "multi_agent").label, "MAS + MAGRPO (per-role LoRA) α=0.5");
+        let ppo = method(false, Algorithm::Ppo, Specialisation::Shared);
+        assert_eq!(ppo.row(true, "multi_agent").label, "MAS + PPO (GAE) (shared)");
+        let mappo = Method { centralised_critic: true, ..ppo };
+        assert_eq!(mappo.row(true, "multi_agent").label, "MAS + MAPPO (shared)");
         let apart = Method { alone: true, ..per_role };
         assert_eq!(apart.row(false, "multi_agent").label, "MAS (per-role)", "its untrained policies are the team's");
         assert_eq!(apart.row(true, "multi_agent").label, "MAS + AT-GRPO (per-role, trained alone)");
