@@ -59,11 +59,13 @@ mod memory;
 mod ppo;
 mod warm_start;
 
+use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::RunConfig;
-use crate::critic::CRITIC_DIR;
+use crate::critic::{CRITIC_DIR, CriticConfig, Critics};
 use crate::model::AdamWState;
 use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
@@ -159,14 +161,7 @@ pub async fn run(
         let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, trainers, progress)?;
         let fitted = match (critic, &critic_inputs) {
             (Some(critic), Some(inputs)) => {
-                let (model, adapter) = loaded.model(&set.name).expect("the policy is in memory");
-                let adapter = adapter.map(str::to_owned);
-                let (part, name) = (critic_part.as_deref(), set.name.clone());
-                let fitted = tokio::task::block_in_place(|| {
-                    critic_fit::fit(model, adapter.as_deref(), config, critic, &set, inputs, part, iteration)
-                })
-                .map_err(|e| e.out_of_memory_in(stage, Some(&name), &memory_knob(&config.update)))?;
-                Some(fitted)
+                Some(fit_critic(&mut loaded, config, critic, &set, inputs, critic_part.as_deref(), iteration)?)
             }
             _ => None,
         };
@@ -179,10 +174,7 @@ pub async fn run(
         let heads = match fitted {
             Some(fitted) => {
                 outcome.rows.extend(fitted.rows);
-                let dir = tempfile::tempdir()
-                    .map_err(|source| policies::Error::Cache { path: std::env::temp_dir(), source })?;
-                fitted.critics.save(dir.path())?;
-                Some(dir)
+                Some(saved_heads(&fitted.critics)?)
             }
             None => None,
         };
@@ -319,6 +311,35 @@ async fn hold_only(
         loaded.add(&config.policies, policies::fetch(store, markers, name, iteration).await?)?;
     }
     Ok(())
+}
+
+/// Fits the value heads of `set`'s policy on its new trunk, off the async runtime's
+/// workers (critic_fit.rs).
+fn fit_critic(
+    loaded: &mut LoadedPolicies,
+    config: &RunConfig,
+    critic: &CriticConfig,
+    set: &TrainingSet,
+    inputs: &HashMap<String, Vec<i64>>,
+    saved: Option<&Path>,
+    iteration: u32,
+) -> Result<critic_fit::Fitted, super::Error> {
+    let (model, adapter) = loaded.model(&set.name).expect("the policy is in memory");
+    let adapter = adapter.map(str::to_owned);
+    tokio::task::block_in_place(|| {
+        critic_fit::fit(model, adapter.as_deref(), config, critic, set, inputs, saved, iteration)
+    })
+    .map_err(|e| {
+        e.out_of_memory_in(StageId::at(Stage::Update, iteration), Some(&set.name), &memory_knob(&config.update))
+    })
+}
+
+/// The fitted heads written to a temporary folder, which `policies::save` uploads as the
+/// checkpoint's critic part.
+fn saved_heads(critics: &Critics) -> Result<tempfile::TempDir, super::Error> {
+    let dir = tempfile::tempdir().map_err(|source| policies::Error::Cache { path: std::env::temp_dir(), source })?;
+    critics.save(dir.path())?;
+    Ok(dir)
 }
 
 /// Runs the PPO steps of `set`'s policy, which is in memory, off the async runtime's
