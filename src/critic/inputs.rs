@@ -11,21 +11,16 @@
 //! (MAPPO's global state, as the concatenation of the agents' observations). Inputs
 //! longer than the limit keep their last tokens, those nearest the decision.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use super::Sees;
+use super::episodes::episodes;
 use crate::tables::TurnRow;
 
-/// Each turn's critic input, by candidate id. An episode's rows are ordered by node id,
-/// its play order (one chain per episode under `rollout.mode: independent`).
+/// Each turn's critic input, by candidate id.
 pub fn inputs(turns: &[TurnRow], sees: Sees, max_tokens: usize) -> HashMap<String, Vec<i64>> {
-    let mut episodes: BTreeMap<(&str, u32), Vec<&TurnRow>> = BTreeMap::new();
-    for row in turns {
-        episodes.entry((row.task_id.as_str(), row.episode)).or_default().push(row);
-    }
     let mut inputs = HashMap::with_capacity(turns.len());
-    for mut episode in episodes.into_values() {
-        episode.sort_by_key(|r| r.node_id);
+    for episode in episodes(turns) {
         for (i, row) in episode.iter().enumerate() {
             let mut ids: Vec<i64> = match sees {
                 Sees::Own => Vec::new(),

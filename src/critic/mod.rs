@@ -21,6 +21,7 @@
 //! of a run without a critic) starts each head afresh from the run seed, as an optimiser
 //! starts afresh at v0.
 
+mod episodes;
 mod heads;
 mod inputs;
 
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::OptimizerConfig;
 use crate::validate::{Invalid, check};
 
+pub use episodes::{episodes, returns, steps};
 pub use heads::{CRITIC_DIR, Critics, FitSet, FitStep, clipped_value_loss_tensor, features};
 pub use inputs::inputs;
 
@@ -54,9 +56,31 @@ pub struct CriticConfig {
     pub max_input_tokens: u32,
     /// Shift each policy's advantages to mean 0 and scale them to variance 1.
     pub whiten_advantages: bool,
+    /// Fit the heads to a source run's stored rollouts when a run forks from it, before
+    /// its first PPO iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_start: Option<CriticWarmStart>,
     /// AdamW of the value heads (lr 1e-3, weight_decay 0 unless set).
     #[serde(deserialize_with = "head_optimizer_over_defaults")]
     pub optimizer: OptimizerConfig,
+}
+
+/// `critic.warm_start`: the heads fitted to the returns of the rollouts a fork's source
+/// committed before the fork point (`--from RUN@K`: iterations K − iterations … K − 1),
+/// on the features of the forked version K.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriticWarmStart {
+    /// How many of the source's iterations before the fork point.
+    pub iterations: u32,
+    /// Passes over their turns.
+    pub epochs: u32,
+}
+
+impl Default for CriticWarmStart {
+    fn default() -> Self {
+        CriticWarmStart { iterations: 4, epochs: 20 }
+    }
 }
 
 /// `critic.sees`: the state a critic values.
@@ -98,6 +122,7 @@ impl Default for CriticConfig {
             mini_batch_sequences: 32,
             max_input_tokens: 2048,
             whiten_advantages: true,
+            warm_start: None,
             optimizer: head_optimizer(),
         }
     }
@@ -115,6 +140,10 @@ impl CriticConfig {
         check(self.epochs >= 1, "critic.epochs", "must be at least 1")?;
         check(self.mini_batch_sequences >= 1, "critic.mini_batch_sequences", "must be at least 1")?;
         check(self.max_input_tokens >= 1, "critic.max_input_tokens", "must be at least 1")?;
+        if let Some(warm) = &self.warm_start {
+            check(warm.iterations >= 1, "critic.warm_start.iterations", "must be at least 1")?;
+            check(warm.epochs >= 1, "critic.warm_start.epochs", "must be at least 1")?;
+        }
         self.optimizer.validate("critic.optimizer")
     }
 }

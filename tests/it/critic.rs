@@ -197,3 +197,59 @@ fn a_critic_that_sees_its_own_prompt_values_otherwise_than_one_that_sees_the_joi
     }
     assert!(a.iter().zip(&b).any(|(x, y)| (x.value - y.value).abs() > 1e-6), "a joint critic sees more");
 }
+
+#[test]
+fn a_fork_warm_starts_its_critics_on_the_returns_of_the_sources_stored_rollouts() {
+    let dir = tempfile::tempdir().unwrap();
+    // The source: GRPO with returns on independent episodes, no critic of its own.
+    let source = dir.path().join("grpo");
+    let file = ppo_run(&source, "own", "0.8")
+        .set("algorithm", "{name: grpo, credit: return, gamma: 0.9}")
+        .set("critic", "null")
+        .write(&dir.path().join("grpo.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file]);
+    assert!(ok, "{stdout}{stderr}");
+    let warm = "{sees: joint, epochs: 1, mini_batch_sequences: 4, warm_start: {iterations: 2, epochs: 12}}";
+    let fork = dir.path().join("warm");
+    let file =
+        ppo_run(&fork, "joint", "0.8").set("critic", warm).set("iterations", "3").write(&dir.path().join("warm.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file, "--from", &format!("{}@2", source.display())]);
+    assert!(ok, "{stdout}{stderr}");
+    // The heads were fitted on both source iterations' turns before iteration 2: version 2
+    // to 2, twelve passes, and the loss fell.
+    let fitted = sql_rows(
+        &fork,
+        "select agent, count(*), min(version_from), max(version_to), sum(sequences) from updates \
+         where mode = 'critic' and iteration = 2 and version_to = 2 group by 1 order by 1",
+    );
+    let turns = sql_rows(&source, "select agent, count(*) from turns group by 1 order by 1");
+    assert_eq!(fitted.len(), 2, "{fitted:?}");
+    for (fit, turns) in fitted.iter().zip(&turns) {
+        let (f, t): (Vec<&str>, Vec<&str>) = (fit.split(',').collect(), turns.split(',').collect());
+        let sequences: u32 = f[4].parse().unwrap();
+        assert_eq!((f[0], f[2], f[3], sequences), (t[0], "2", "2", 12 * t[1].parse::<u32>().unwrap()), "{fit}");
+    }
+    let losses = |agent: &str| -> Vec<f64> {
+        let query = format!(
+            "select loss from updates where mode = 'critic' and version_to = 2 and agent = '{agent}' order by step"
+        );
+        sql_rows(&fork, &query).iter().map(|l| l.parse().unwrap()).collect()
+    };
+    for agent in ["planner", "tool"] {
+        let l = losses(agent);
+        let (head, tail) = (&l[..4], &l[l.len() - 4..]);
+        assert!(tail.iter().sum::<f64>() < head.iter().sum::<f64>(), "{agent}: {l:?}");
+    }
+    // A run that starts afresh has no rollouts to fit to; a tree has no trajectories.
+    let fresh =
+        ppo_run(&dir.path().join("fresh"), "own", "0.8").set("critic", warm).write(&dir.path().join("fresh.yaml"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &fresh]);
+    assert!(!ok && stderr.contains("this run starts afresh and has none: start it with --from RUN@K"), "{stderr}");
+    let tree = dir.path().join("tree");
+    let file = run_file(&tree.display().to_string(), 3).set("iterations", "1").write(&dir.path().join("tree.yaml"));
+    assert!(run(&["pipeline", "run", &file]).0);
+    let from_tree =
+        ppo_run(&dir.path().join("from-tree"), "own", "0.8").set("critic", warm).write(&dir.path().join("ft.yaml"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &from_tree, "--from", &format!("{}@1", tree.display())]);
+    assert!(!ok && stderr.contains("its rollouts are trees"), "{stderr}");
+}

@@ -8,11 +8,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::algo::credit::Step;
+use crate::algo::AlgorithmConfig;
 use crate::algo::critic::{episode_gae, episode_rewards, whiten};
-use crate::algo::{AlgorithmConfig, TRUNCATED_FINISH_REASON, Truncated};
 use crate::config::RunConfig;
-use crate::critic::{CRITIC_DIR, CriticConfig, Critics, features, inputs as critic_inputs};
+use crate::critic::{CRITIC_DIR, CriticConfig, Critics, episodes, features, inputs as critic_inputs, steps};
 use crate::policies;
 use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{SampleRow, TurnRow};
@@ -99,21 +98,9 @@ fn samples(
     algorithm: &AlgorithmConfig,
     critic: &CriticConfig,
 ) -> Vec<SampleRow> {
-    let mut episodes: BTreeMap<(&str, u32), Vec<&TurnRow>> = BTreeMap::new();
-    for row in turns {
-        episodes.entry((row.task_id.as_str(), row.episode)).or_default().push(row);
-    }
-    let penalty = |row: &TurnRow| match algorithm.truncated {
-        Truncated::Penalty if row.finish_reason == TRUNCATED_FINISH_REASON => algorithm.truncation_penalty,
-        _ => 0.0,
-    };
     let mut samples = Vec::with_capacity(turns.len());
-    for mut episode in episodes.into_values() {
-        episode.sort_by_key(|r| r.node_id);
-        let steps: Vec<Step> = episode
-            .iter()
-            .map(|r| Step { agent: &r.agent, local_reward: r.local_reward + penalty(r), team_reward: r.team_reward })
-            .collect();
+    for episode in episodes(turns) {
+        let steps = steps(&episode, algorithm);
         let own: Vec<f64> = episode.iter().map(|r| values[&r.candidate_id]).collect();
         let estimates = episode_gae(algorithm.alpha, algorithm.gamma, critic.lambda, &steps, &own);
         let rewards = episode_rewards(algorithm.alpha, &steps);
@@ -152,6 +139,7 @@ fn samples(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::{TRUNCATED_FINISH_REASON, Truncated};
 
     fn turn(episode: u32, node_id: u32, agent: &str, local_reward: f64, team_reward: f64) -> TurnRow {
         TurnRow {

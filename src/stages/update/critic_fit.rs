@@ -78,7 +78,7 @@ pub(super) fn fit(
 }
 
 /// The `updates` row of one step of a head.
-fn row(policy: &str, version: u32, step: FitStep, seconds: f64) -> UpdateRow {
+pub(super) fn row(policy: &str, version: u32, step: FitStep, seconds: f64) -> UpdateRow {
     UpdateRow {
         policy: policy.to_owned(),
         mode: "critic".into(),

@@ -123,6 +123,9 @@ pub enum Error {
     #[error("policy {policy:?}: {reason}")]
     Init { policy: String, reason: String },
 
+    #[error("critic.warm_start fits the heads to a source run's stored rollouts, but {reason}")]
+    WarmCritic { reason: String },
+
     #[error("cannot fork iteration {iteration} of {from}: {source}")]
     Fork { from: String, iteration: u32, source: Box<policies::Error> },
 }

@@ -22,7 +22,7 @@ use crate::schema::Table;
 use crate::store::{self, CommitInfo, CommitMarker, Partition, RunStore, Stage, StageId, StageWriter, StoredMarker};
 use crate::tables::{self, DemonstrationRow};
 
-use super::{Error, warm_start};
+use super::{Error, warm_critic, warm_start};
 use crate::stages;
 
 /// Commits v0 of every policy (`_commits/update.json`), or for a fork of iteration K
@@ -38,6 +38,10 @@ pub async fn initialise(
     }
     if let Some(fork) = &config.fork {
         return initialise_from(store, config, fork).await;
+    }
+    if config.critic.as_ref().is_some_and(|c| c.warm_start.is_some()) {
+        let reason = "this run starts afresh and has none: start it with --from RUN@K".into();
+        return Err(Error::WarmCritic { reason }.into());
     }
     let prepared = store.marker(&StageId::run_level(Stage::PrepareData)).await?;
     let mut writer = store.begin(stage);
@@ -158,8 +162,16 @@ async fn initialise_from(
         let one = policies::fetch(&source, &markers, &from, k).await.map_err(|e| fork_error(fork, e))?;
         fetched.push((Fetched { name: name.clone(), ..one }, from));
     }
+    let warm = match config.critic.as_ref().and_then(|c| Some((c, c.warm_start.as_ref()?))) {
+        Some((critic, warm_start)) => {
+            Some((critic, warm_start, warm_critic::read(&source, config, critic, warm_start, fork).await?))
+        }
+        None => None,
+    };
     let mut writer = store.begin(StageId::run_level(Stage::Update));
     let mut saved = Vec::new();
+    let mut rows = Vec::new();
+    let mut model_seconds = 0.0;
     let mut bases = Bases::default();
     for (fetched, from) in fetched {
         let name = fetched.name.clone();
@@ -189,14 +201,38 @@ async fn initialise_from(
                     .map_err(|e| fork_error(fork, e))?;
                 let mut loaded = LoadedPolicies::default();
                 loaded.add(&config.policies, fetched)?;
-                let (policy, _) = loaded.model(&name).expect("just added");
-                let part = critic.as_deref().map(|dir| (CRITIC_DIR, dir));
+                let (policy, adapter) = loaded.model(&name).expect("just added");
+                let heads = match &warm {
+                    Some((critic_config, warm_start, data)) => {
+                        let started = Instant::now();
+                        let adapter = adapter.map(str::to_owned);
+                        let (heads, fitted) = tokio::task::block_in_place(|| {
+                            let saved = critic.as_deref();
+                            let (c, w) = (*critic_config, *warm_start);
+                            warm_critic::fit(policy, adapter.as_deref(), config, c, w, data, &name, saved, k)
+                        })?;
+                        model_seconds += started.elapsed().as_secs_f64();
+                        rows.extend(fitted);
+                        Some(super::saved_heads(&heads)?)
+                    }
+                    None => None,
+                };
+                let part = match &heads {
+                    Some(dir) => Some((CRITIC_DIR, dir.path())),
+                    None => critic.as_deref().map(|dir| (CRITIC_DIR, dir)),
+                };
                 policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref(), part).await?
             }
         };
         saved.push(checkpoint);
     }
-    let info = CommitInfo { checkpoints: saved, ..stages::run_info(config) };
+    if !rows.is_empty() {
+        // As the warm start's SFT rows: in iteration K's partition, version_to K.
+        let batch =
+            tables::to_batch(&rows).map_err(|source| stages::Error::Encode { table: Table::Updates, source })?;
+        writer.write_table(Table::Updates, Partition::Iteration(k), &[batch]).await?;
+    }
+    let info = CommitInfo { checkpoints: saved, model_seconds, ..stages::run_info(config) };
     Ok(writer.finish().commit(info).await?)
 }
 

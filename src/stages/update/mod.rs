@@ -57,6 +57,7 @@ mod error;
 mod initialise;
 mod memory;
 mod ppo;
+mod warm_critic;
 mod warm_start;
 
 use std::collections::HashMap;
