@@ -213,7 +213,8 @@ pub fn features(
         let adapters = vec![adapter.map(str::to_owned); chunk.len()];
         // Left-padded: every row's last position is its last token.
         let hidden = model.padded_hidden(&chunk, &adapters)?;
-        rows.push(hidden.select(1, -1).to_kind(Kind::Float));
+        // A copy, not a view that would keep the chunk's whole (B, P, E) states alive.
+        rows.push(hidden.select(1, -1).to_kind(Kind::Float).copy());
         start = end;
     }
     if rows.is_empty() {

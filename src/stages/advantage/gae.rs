@@ -7,6 +7,7 @@
 //! without rewriting them. They are kept in `samples` beside the advantages they made.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 use crate::algo::AlgorithmConfig;
 use crate::algo::critic::{episode_gae, episode_rewards, whiten};
@@ -26,15 +27,19 @@ pub(super) async fn run(
     session: &Session,
 ) -> Result<CommitMarker, Error> {
     let stage = StageId::at(Stage::Advantage, iteration);
+    // Begun first: the marker's seconds then include the critic's forwards.
+    let writer = store.begin(stage);
     let rollout = inputs(store, stage, Stage::Rollout, iteration).await?;
     let groups = inputs(store, stage, Stage::Group, iteration).await?;
     verify_inputs(store, &groups).await?;
     let rollout_markers: Vec<&crate::store::CommitMarker> = rollout.iter().map(|m| &m.marker).collect();
     let turns: Vec<TurnRow> = store.read_rows(&rollout_markers).await?;
     let mut read: Vec<InputRef> = rollout.iter().chain(&groups).map(StoredMarker::input_ref).collect();
+    let started = Instant::now();
     let values = values(store, config, critic, iteration, session, &turns, &mut read).await?;
+    let model_seconds = started.elapsed().as_secs_f64();
     let samples = samples(&turns, &values, &config.algorithm, critic);
-    commit_rows(store.begin(stage), &samples, CommitInfo { inputs: read, ..run_info(config) }).await
+    commit_rows(writer, &samples, CommitInfo { inputs: read, model_seconds, ..run_info(config) }).await
 }
 
 /// Every turn's value, by candidate id, from its agent's critic in its policy's
