@@ -430,6 +430,11 @@ fn absolute(path: &Path) -> PathBuf {
 }
 
 impl RunConfig {
+    /// The agents `policy` plays, in name order.
+    pub fn agents_of(&self, policy: &str) -> Vec<&str> {
+        self.agents.iter().filter(|(_, a)| a.policy == policy).map(|(agent, _)| agent.as_str()).collect()
+    }
+
     /// The first iteration the run trains: 0, or the iteration it was forked from.
     pub fn first_iteration(&self) -> u32 {
         self.fork.as_ref().map_or(0, |f| f.iteration)

@@ -40,8 +40,7 @@ pub(super) fn fit(
     saved: Option<&Path>,
     iteration: u32,
 ) -> Result<Fitted, crate::stages::Error> {
-    let agents: Vec<&str> =
-        config.agents.iter().filter(|(_, a)| a.policy == set.name).map(|(agent, _)| agent.as_str()).collect();
+    let agents = config.agents_of(&set.name);
     let width = model.config().hidden_size as i64;
     let mut critics = Critics::load(saved, &agents, width, config.seed, model.device())?;
     let mut rows = Vec::new();

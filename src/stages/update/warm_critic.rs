@@ -74,8 +74,7 @@ pub(super) fn fit(
     saved: Option<&Path>,
     version: u32,
 ) -> Result<(Critics, Vec<UpdateRow>), crate::stages::Error> {
-    let agents: Vec<&str> =
-        config.agents.iter().filter(|(_, a)| a.policy == name).map(|(agent, _)| agent.as_str()).collect();
+    let agents = config.agents_of(name);
     let width = model.config().hidden_size as i64;
     let mut critics = Critics::load(saved, &agents, width, config.seed, model.device())?;
     // Fitted from afresh, not kept near a critic's earlier values: no clip.

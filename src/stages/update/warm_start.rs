@@ -23,8 +23,7 @@ pub(super) fn examples(
     name: &str,
     demos: &[DemonstrationRow],
 ) -> Result<Vec<ScoreRequest>, stages::Error> {
-    let agents: HashSet<&str> =
-        config.agents.iter().filter(|(_, a)| a.policy == name).map(|(role, _)| role.as_str()).collect();
+    let agents: HashSet<&str> = config.agents_of(name).into_iter().collect();
     let eos = *model.config().eos_token_ids.first().ok_or_else(|| Error::Init {
         policy: name.to_string(),
         reason: "config.json has no eos_token_id to end the demonstrations with".into(),
