@@ -234,6 +234,9 @@ impl LoadedConfig {
         for policy in config.policies.values_mut() {
             policy.model = absolute(&self.resolve(&policy.model));
         }
+        if let Some(model) = config.critic.as_mut().and_then(|c| c.model.as_mut()) {
+            *model = absolute(&self.resolve(model));
+        }
         for file in [&mut config.data.train_file, &mut config.data.test_file].into_iter().flatten() {
             file.path = absolute(&self.resolve(&file.path));
         }

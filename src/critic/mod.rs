@@ -15,6 +15,9 @@
 //! the agent's own prompt (independent critics, one per agent: IPPO) or the joint
 //! history of the episode (a centralised critic per agent: MAPPO), see inputs.rs.
 //!
+//! `critic.model` puts the heads on a separate, frozen critic model instead (model.rs):
+//! a trunk of its own size that the policy's training does not move.
+//!
 //! The heads are part of their policy's checkpoint: `critic/<agent>.safetensors` and the
 //! head's AdamW state `critic/<agent>.optimizer.safetensors` in the version's folder,
 //! committed, hashed, forked and resumed with it. A version without them (v0, or a fork
@@ -24,6 +27,9 @@
 mod episodes;
 mod heads;
 mod inputs;
+pub mod model;
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +48,12 @@ pub struct CriticConfig {
     /// episode, every other agent's latest turn before its own prompt (joint: MAPPO's
     /// centralised critic).
     pub sees: Sees,
+    /// A separate critic model: a Hugging Face folder (relative to the run file) whose
+    /// frozen trunk gives the features every head reads, in place of the policy's own.
+    /// It must tokenize as the policies do (the same tokenizer.json). Absent: each head
+    /// sits on its policy's trunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
     /// GAE's λ: 1 judges each turn by the whole return to the episode's end, 0 by the
     /// next turn's value alone. γ is `algorithm.gamma`.
     pub lambda: f64,
@@ -116,6 +128,7 @@ impl Default for CriticConfig {
     fn default() -> Self {
         CriticConfig {
             sees: Sees::Own,
+            model: None,
             lambda: 0.95,
             value_clip: 0.5,
             epochs: 4,
@@ -140,6 +153,9 @@ impl CriticConfig {
         check(self.epochs >= 1, "critic.epochs", "must be at least 1")?;
         check(self.mini_batch_sequences >= 1, "critic.mini_batch_sequences", "must be at least 1")?;
         check(self.max_input_tokens >= 1, "critic.max_input_tokens", "must be at least 1")?;
+        if let Some(model) = &self.model {
+            check(!model.as_os_str().is_empty(), "critic.model", "is empty; give a Hugging Face model folder")?;
+        }
         if let Some(warm) = &self.warm_start {
             check(warm.iterations >= 1, "critic.warm_start.iterations", "must be at least 1")?;
             check(warm.epochs >= 1, "critic.warm_start.epochs", "must be at least 1")?;

@@ -209,6 +209,24 @@ pub async fn checkpoint_part(
     Ok(Some(materialise(store, &marker.marker.files, &dir).await?))
 }
 
+/// The sha256 of the tokenizer.json policy `name` reads at `version`: its checkpoint's
+/// (a full checkpoint keeps the tokenizer it was loaded with), else its model folder's
+/// (an adapter's base is that folder's model), else none.
+pub fn tokenizer_sha256(
+    markers: &[StoredMarker],
+    config: &PolicyConfig,
+    name: &str,
+    version: u32,
+) -> Result<Option<String>, Error> {
+    let (marker, checkpoint) = find(markers, name, version)?;
+    let path = format!("{}/tokenizer.json", checkpoint.dir);
+    if let Some(entry) = marker.marker.files.iter().find(|f| f.path == path) {
+        return Ok(Some(entry.sha256.clone()));
+    }
+    let folder = config.model.join("tokenizer.json");
+    Ok(folder.is_file().then(|| crate::model::sha256_file(&folder)).transpose()?)
+}
+
 /// A local copy of the optimiser state committed with version `version` of `name`,
 /// checked against its marker, if it has one (v0 has none: its first update starts the
 /// optimisation). Read it with `AdamWState::load`.

@@ -92,6 +92,9 @@ pub enum Error {
     #[error(transparent)]
     Policy(#[from] crate::policies::Error),
 
+    #[error(transparent)]
+    CriticModel(#[from] crate::critic::model::Error),
+
     #[error("cannot encode the {table} table: {source}")]
     Encode { table: Table, source: serde_arrow::Error },
 
@@ -193,6 +196,20 @@ async fn verify_inputs(store: &RunStore, markers: &[StoredMarker]) -> Result<(),
         store.read_file(entry).await?;
     }
     Ok(())
+}
+
+/// The separate critic model of `critic.model`, checked to tokenize as policy `name` of
+/// `markers` does at `version`; none where the heads sit on the policy's own trunk.
+fn separate_critic_model(
+    critic: &crate::critic::CriticConfig,
+    markers: &[StoredMarker],
+    policy: &crate::policies::PolicyConfig,
+    name: &str,
+    version: u32,
+) -> Result<Option<crate::model::LanguageModel>, Error> {
+    let Some(folder) = &critic.model else { return Ok(None) };
+    let tokenizer = crate::policies::tokenizer_sha256(markers, policy, name, version)?;
+    Ok(Some(crate::critic::model::load(folder, &policy.load_options(), name, tokenizer.as_deref())?))
 }
 
 /// Runs `query` over the run and commits its result as `table` of `stage`.

@@ -253,3 +253,58 @@ fn a_fork_warm_starts_its_critics_on_the_returns_of_the_sources_stored_rollouts(
     let (ok, _, stderr) = run(&["pipeline", "run", &from_tree, "--from", &format!("{}@1", tree.display())]);
     assert!(!ok && stderr.contains("its rollouts are trees"), "{stderr}");
 }
+
+#[test]
+fn a_separate_critic_model_values_the_turns_on_its_own_trunk_and_its_heads_go_with_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let critic_model = crate::support::fixture("hf-tiny-llama");
+    let critic = |model: &Path| {
+        format!("{{sees: own, lambda: 0.8, epochs: 2, mini_batch_sequences: 4, model: {}}}", model.display())
+    };
+    let (shared, separate) = (dir.path().join("shared"), dir.path().join("separate"));
+    let file = ppo_run(&shared, "own", "0.8").set("iterations", "1").write(&dir.path().join("shared.yaml"));
+    assert!(run(&["pipeline", "run", &file]).0);
+    let file = ppo_run(&separate, "own", "0.8").set("critic", &critic(&critic_model)).write(&dir.path().join("s.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file]);
+    assert!(ok, "{stdout}{stderr}");
+
+    // The same turns (same seed, same policy), valued on another trunk by the same fresh
+    // heads: other values, and GAE's targets by the definition all the same.
+    let (a, b) = (turns(&shared, 0), turns(&separate, 0));
+    let locals = |rows: &[Turn]| rows.iter().map(|t| (t.episode.clone(), t.local)).collect::<Vec<_>>();
+    assert_eq!(locals(&a), locals(&b));
+    assert!(a.iter().zip(&b).all(|(x, y)| (x.value - y.value).abs() > 1e-6), "{a:?}\n{b:?}");
+    for k in [0, 1] {
+        let rows = turns(&separate, k);
+        let targets: Vec<f64> = rows.iter().map(|t| t.target).collect();
+        assert!(close(&targets, &targets_by_hand(&rows, 0.9, 0.8)), "iteration {k}: {rows:?}");
+    }
+    // The heads were fitted and are committed with their policy's version, as on a shared trunk.
+    let fits = "select iteration, agent, count(*) from updates where mode = 'critic' group by 1, 2 order by 1, 2";
+    assert_eq!(sql_rows(&separate, fits).len(), 4);
+    let heads: Vec<_> = crate::support::files_under(&separate.join("checkpoints"))
+        .into_iter()
+        .filter(|p| {
+            p.to_string_lossy().contains("/v000002.") && p.to_string_lossy().ends_with("value_head.safetensors")
+        })
+        .collect();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+
+    // A critic model that tokenizes otherwise (here: the same tokenizer written out
+    // differently) is refused before a forward; the committed rollout stays.
+    let other = dir.path().join("other-tokenizer");
+    std::fs::create_dir(&other).unwrap();
+    for entry in std::fs::read_dir(&critic_model).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, other.join(path.file_name().unwrap())).unwrap();
+    }
+    let tokenizer: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(other.join("tokenizer.json")).unwrap()).unwrap();
+    std::fs::write(other.join("tokenizer.json"), serde_json::to_vec_pretty(&tokenizer).unwrap()).unwrap();
+    let refused = dir.path().join("refused");
+    let file = ppo_run(&refused, "own", "0.8").set("critic", &critic(&other)).write(&dir.path().join("r.yaml"));
+    let (ok, _, stderr) = run(&["pipeline", "run", &file]);
+    assert!(!ok && stderr.contains("tokenizes otherwise than policy"), "{stderr}");
+    assert!(stderr.contains(&format!("critic.model {}", other.display())), "{stderr}");
+    assert!(!sql_rows(&refused, "select count(*) from turns where iteration = 0")[0].starts_with('0'));
+}

@@ -1,6 +1,9 @@
 //! PPO's advantages: every turn valued by its agent's critic (version k, on the policy's
 //! trunk of version k), then GAE along each agent's turns of every episode.
 //!
+//! With `critic.model`, the features come from that separate model and the policy is not
+//! loaded at all.
+//!
 //! The values are computed here rather than in the rollout: they are the critic's, not
 //! the sampler's (a vLLM rollout has no value head), the critic of version k judges the
 //! whole iteration at once, and a replay fork re-values stored turns with its own critic
@@ -17,7 +20,7 @@ use crate::policies;
 use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{SampleRow, TurnRow};
 
-use super::super::{Error, Session, commit_rows, inputs, run_info, verify_inputs};
+use super::super::{Error, Session, commit_rows, inputs, run_info, separate_critic_model, verify_inputs};
 
 pub(super) async fn run(
     store: &RunStore,
@@ -70,12 +73,19 @@ async fn values(
         if !read.contains(&source.input_ref()) {
             read.push(source.input_ref());
         }
-        loaded.keep_only(name);
-        if loaded.member(name).is_none() {
-            loaded.add(&config.policies, policies::fetch(store, &markers, name, iteration).await?)?;
-        }
         let saved = policies::checkpoint_part(store, &markers, name, iteration, CRITIC_DIR).await?;
-        let (model, adapter) = loaded.model(name).expect("the policy is in memory");
+        // A separate critic model is all the values need; else the policy's own trunk.
+        let mut separate = separate_critic_model(critic, &markers, &config.policies[name], name, iteration)?;
+        if separate.is_none() {
+            loaded.keep_only(name);
+            if loaded.member(name).is_none() {
+                loaded.add(&config.policies, policies::fetch(store, &markers, name, iteration).await?)?;
+            }
+        }
+        let (model, adapter) = match separate.as_mut() {
+            Some(model) => (model, None),
+            None => loaded.model(name).expect("the policy is in memory"),
+        };
         let agents: Vec<&str> = by_agent.keys().copied().collect();
         let width = model.config().hidden_size as i64;
         let critics = Critics::load(saved.as_deref(), &agents, width, config.seed, model.device())?;

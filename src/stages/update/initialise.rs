@@ -201,10 +201,15 @@ async fn initialise_from(
                     .map_err(|e| fork_error(fork, e))?;
                 let mut loaded = LoadedPolicies::default();
                 loaded.add(&config.policies, fetched)?;
-                let (policy, adapter) = loaded.model(&name).expect("just added");
                 let heads = match &warm {
                     Some((critic_config, warm_start, data)) => {
                         let started = Instant::now();
+                        let mut separate =
+                            stages::separate_critic_model(critic_config, &markers, policy_config, &from, k)?;
+                        let (policy, adapter) = match separate.as_mut() {
+                            Some(model) => (model, None),
+                            None => loaded.model(&name).expect("just added"),
+                        };
                         let adapter = adapter.map(str::to_owned);
                         let (heads, fitted) = tokio::task::block_in_place(|| {
                             let saved = critic.as_deref();
@@ -221,6 +226,7 @@ async fn initialise_from(
                     Some(dir) => Some((CRITIC_DIR, dir.path())),
                     None => critic.as_deref().map(|dir| (CRITIC_DIR, dir)),
                 };
+                let (policy, _) = loaded.model(&name).expect("just added");
                 policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref(), part).await?
             }
         };

@@ -67,7 +67,7 @@ use std::time::Instant;
 
 use crate::config::RunConfig;
 use crate::critic::{CRITIC_DIR, CriticConfig, Critics};
-use crate::model::AdamWState;
+use crate::model::{AdamWState, LanguageModel};
 use crate::policies::{self, LoadedPolicies};
 use crate::progress::{Progress, phase};
 use crate::ranks::Ranks;
@@ -162,7 +162,10 @@ pub async fn run(
         let (trained, optimizer) = train_policy(&mut loaded, config, &set, iteration, optimizer, trainers, progress)?;
         let fitted = match (critic, &critic_inputs) {
             (Some(critic), Some(inputs)) => {
-                Some(fit_critic(&mut loaded, config, critic, &set, inputs, critic_part.as_deref(), iteration)?)
+                let policy = &config.policies[&set.name];
+                let separate = super::separate_critic_model(critic, &markers, policy, &set.name, set.current.version)?;
+                let part = critic_part.as_deref();
+                Some(fit_critic(&mut loaded, separate, config, critic, &set, inputs, part, iteration)?)
             }
             _ => None,
         };
@@ -314,10 +317,12 @@ async fn hold_only(
     Ok(())
 }
 
-/// Fits the value heads of `set`'s policy on its new trunk, off the async runtime's
-/// workers (critic_fit.rs).
+/// Fits the value heads of `set`'s policy on its new trunk, or on the `separate` critic
+/// model, off the async runtime's workers (critic_fit.rs).
+#[allow(clippy::too_many_arguments)]
 fn fit_critic(
     loaded: &mut LoadedPolicies,
+    mut separate: Option<LanguageModel>,
     config: &RunConfig,
     critic: &CriticConfig,
     set: &TrainingSet,
@@ -325,7 +330,10 @@ fn fit_critic(
     saved: Option<&Path>,
     iteration: u32,
 ) -> Result<critic_fit::Fitted, super::Error> {
-    let (model, adapter) = loaded.model(&set.name).expect("the policy is in memory");
+    let (model, adapter) = match separate.as_mut() {
+        Some(model) => (model, None),
+        None => loaded.model(&set.name).expect("the policy is in memory"),
+    };
     let adapter = adapter.map(str::to_owned);
     tokio::task::block_in_place(|| {
         critic_fit::fit(model, adapter.as_deref(), config, critic, set, inputs, saved, iteration)
