@@ -5,7 +5,8 @@
 # to $RESULTS (default bench-results/update.jsonl). ALGORITHM (default at_grpo) and
 # ROLLOUT=independent change the estimator and the sampling; with a critic (CRITIC=own or
 # joint: PPO on independent episodes) the line also gives the advantage stage's seconds,
-# where the critic values every turn, and the seconds of the heads' fit in the update.
+# where the critic values every turn, and the seconds of the heads' fit in the update;
+# CRITIC_MODEL=FOLDER puts the heads on that separate critic model (critic.model).
 #
 # Usage: scripts/bench/update.sh BINARY MODEL_DIR lora|full f32|bf16 LABEL [--set KEY=VALUE...]
 #   BINARY: a petting binary (e.g. target/debug/petting, or one built from an older commit)
@@ -23,7 +24,7 @@ algorithm="algorithm: {name: ${ALGORITHM:-at_grpo}}"; independent=""
 [[ ${ROLLOUT:-tree} == independent ]] && independent="mode: independent,"
 if [[ -n ${CRITIC:-} ]]; then
     algorithm="algorithm: {name: ppo}
-critic: {sees: $CRITIC}"
+critic: {sees: $CRITIC${CRITIC_MODEL:+, model: $(realpath "$CRITIC_MODEL")}}"
     independent="mode: independent,"
 fi
 lr=1.0e-6
@@ -63,4 +64,4 @@ if [[ $status == ok ]]; then
     [[ -n $change ]] || change=null
 fi
 printf '{"label":"%s","model":"%s","mode":"%s","dtype":"%s","critic":"%s","rows":%s,"tokens":%s,"advantage_seconds":%s,"step_seconds":%s,"critic_seconds":%s,"stage_wall":"%s","peak_rss_gib":%.2f,"weights_change":%s,"status":"%s"}\n' \
-    "$label" "$(basename "$model")" "$mode" "$dtype" "${CRITIC:-none}" "$rows" "$tokens" "$advantage" "$step" "$critic" "$wall" "$(echo "$rss_kib/1048576" | bc -l)" "$change" "$status" | tee -a "$results"
+    "$label" "$(basename "$model")" "$mode" "$dtype" "${CRITIC:-none}${CRITIC_MODEL:+ on $(basename "$CRITIC_MODEL")}" "$rows" "$tokens" "$advantage" "$step" "$critic" "$wall" "$(echo "$rss_kib/1048576" | bc -l)" "$change" "$status" | tee -a "$results"

@@ -12,7 +12,8 @@
 # every team row from the shared run's version 0, so all start on the same warm-started
 # weights; a pretrained model (math, code, tic-tac-toe) is that same start already.
 # Every run resumes where it stopped, so the script can be interrupted and started
-# again. PETTING selects the binary.
+# again. PETTING selects the binary; ROWS (e.g. "ppo mappo") runs only those rows beside
+# the shared run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 task=$1
@@ -33,7 +34,7 @@ for seed in "$@"; do
         from=(--from "runs/results/$task-s$seed@0")
     fi
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
-    for row in grpo ppo mappo returns per-role lora alone single-agent; do
+    for row in ${ROWS:-grpo ppo mappo returns per-role lora alone single-agent}; do
         [[ -f "pipelines/$task-$row.yaml" ]] || continue
         fork=("${from[@]}")
         if [[ $row == single-agent ]]; then
