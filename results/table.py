@@ -43,7 +43,7 @@ COLUMNS = [
     ("Plan-Path 10×10 · embedded 0.77M · v30 · seeds 1–3", (1, 2, 3),
      [((1, 2, 3), ["plan-path-critic", "plan-path"])], "", {"plan-path": "†"}, ()),
     ("Sokoban 6×6 · embedded 0.77M · v30 · seeds 1–3", (1, 2, 3),
-     [((1, 2, 3), ["sokoban"])], "†", {}, ()),
+     [((1, 2, 3), ["sokoban-critic", "sokoban"])], "", {"sokoban": "†"}, ()),
     ("Sudoku 4×4 · embedded 0.77M · v30 · seeds 1–3", (1, 2, 3),
      [((1, 2, 3), ["sudoku"])], "†", {}, ()),
     ("math · SmolLM2-135M · v10 · seeds 1–3", (1, 2, 3),
