@@ -96,9 +96,13 @@ pub fn clipped_value_loss(value: f64, old_value: f64, target: f64, clip: f64) ->
     0.5 * (value - target).powi(2).max((clipped - target).powi(2))
 }
 
+/// Below this variance (in squared reward units) the targets are one number.
+const TARGETS_AGREE: f64 = 1e-12;
+
 /// The share of the targets' variance the values explain: 1 − Var(R − V) / Var(R),
 /// 1 for a perfect critic, 0 for one that predicts the mean, None when the targets do not
-/// vary.
+/// vary. Targets that agree to rounding (the same return summed in another order) count
+/// as not varying: their variance of 1e-30 would give a ratio of −1e24 that says nothing.
 pub fn explained_variance(values: &[f64], targets: &[f64]) -> Option<f64> {
     let variance = |xs: &mut dyn Iterator<Item = f64>| {
         let xs: Vec<f64> = xs.collect();
@@ -110,7 +114,7 @@ pub fn explained_variance(values: &[f64], targets: &[f64]) -> Option<f64> {
     }
     let of_targets = variance(&mut targets.iter().copied());
     let of_errors = variance(&mut targets.iter().zip(values).map(|(r, v)| r - v));
-    (of_targets > 0.0).then(|| 1.0 - of_errors / of_targets)
+    (of_targets > TARGETS_AGREE).then(|| 1.0 - of_errors / of_targets)
 }
 
 #[cfg(test)]
@@ -190,5 +194,7 @@ mod tests {
         assert_eq!(explained_variance(&targets, &targets), Some(1.0));
         assert_eq!(explained_variance(&[2.0, 2.0, 2.0], &targets), Some(0.0));
         assert_eq!(explained_variance(&[0.0, 1.0], &[1.0, 1.0]), None);
+        assert_eq!(explained_variance(&[0.0, 1.0], &[0.3, 0.1 + 0.2]), None, "equal but for rounding");
+        assert!(explained_variance(&[0.0, 0.0], &[0.0, 1e-3]).is_some(), "a small spread is still a spread");
     }
 }
