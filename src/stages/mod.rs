@@ -212,6 +212,19 @@ fn separate_critic_model(
     Ok(Some(crate::critic::model::load(folder, &policy.load_options(), name, tokenizer.as_deref())?))
 }
 
+/// The trunk the critic heads of policy `name` read: the separate critic model where
+/// there is one (no adapter), else the policy in memory with its adapter.
+fn critic_trunk<'a>(
+    separate: &'a mut Option<crate::model::LanguageModel>,
+    loaded: &'a mut LoadedPolicies,
+    name: &str,
+) -> (&'a mut crate::model::LanguageModel, Option<&'a str>) {
+    match separate {
+        Some(model) => (model, None),
+        None => loaded.model(name).expect("the policy is in memory"),
+    }
+}
+
 /// Runs `query` over the run and commits its result as `table` of `stage`.
 async fn commit_query(
     store: &RunStore,

@@ -20,7 +20,7 @@ use crate::policies;
 use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{SampleRow, TurnRow};
 
-use super::super::{Error, Session, commit_rows, inputs, run_info, separate_critic_model, verify_inputs};
+use super::super::{Error, Session, commit_rows, critic_trunk, inputs, run_info, separate_critic_model, verify_inputs};
 
 pub(super) async fn run(
     store: &RunStore,
@@ -82,10 +82,7 @@ async fn values(
                 loaded.add(&config.policies, policies::fetch(store, &markers, name, iteration).await?)?;
             }
         }
-        let (model, adapter) = match separate.as_mut() {
-            Some(model) => (model, None),
-            None => loaded.model(name).expect("the policy is in memory"),
-        };
+        let (model, adapter) = critic_trunk(&mut separate, &mut loaded, name);
         let agents: Vec<&str> = by_agent.keys().copied().collect();
         let width = model.config().hidden_size as i64;
         let critics = Critics::load(saved.as_deref(), &agents, width, config.seed, model.device())?;

@@ -206,10 +206,7 @@ async fn initialise_from(
                         let started = Instant::now();
                         let mut separate =
                             stages::separate_critic_model(critic_config, &markers, policy_config, &from, k)?;
-                        let (policy, adapter) = match separate.as_mut() {
-                            Some(model) => (model, None),
-                            None => loaded.model(&name).expect("just added"),
-                        };
+                        let (policy, adapter) = stages::critic_trunk(&mut separate, &mut loaded, &name);
                         let adapter = adapter.map(str::to_owned);
                         let (heads, fitted) = tokio::task::block_in_place(|| {
                             let saved = critic.as_deref();

@@ -330,10 +330,7 @@ fn fit_critic(
     saved: Option<&Path>,
     iteration: u32,
 ) -> Result<critic_fit::Fitted, super::Error> {
-    let (model, adapter) = match separate.as_mut() {
-        Some(model) => (model, None),
-        None => loaded.model(&set.name).expect("the policy is in memory"),
-    };
+    let (model, adapter) = super::critic_trunk(&mut separate, loaded, &set.name);
     let adapter = adapter.map(str::to_owned);
     tokio::task::block_in_place(|| {
         critic_fit::fit(model, adapter.as_deref(), config, critic, set, inputs, saved, iteration)
