@@ -421,12 +421,14 @@ fn grpo_step(policy: &mut LanguageModel) -> impl FnMut() + '_ {
         let t_gen = t0.elapsed().as_secs_f64();
         let rewards: Vec<f64> =
             out.iter().map(|g| g.token_ids.iter().filter(|&&t| t % 64 == 3).count() as f64).collect();
-        let advantages: Vec<Option<f64>> = rewards
+        let advantages: Vec<Option<petting::algo::loss::Advantage>> = rewards
             .chunks(GRPO_K)
             .flat_map(|group| {
                 let mean = group.iter().sum::<f64>() / group.len() as f64;
                 let std = (group.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (group.len() - 1) as f64).sqrt();
-                group.iter().map(move |r| Some((r - mean) / (std + 1e-4))).collect::<Vec<_>>()
+                let advantage =
+                    move |r: &f64| Some(petting::algo::loss::Advantage::Sequence((r - mean) / (std + 1e-4)));
+                group.iter().map(advantage).collect::<Vec<_>>()
             })
             .collect();
         let batch: Vec<ScoreRequest> = requests

@@ -151,6 +151,10 @@ pub struct SampleRow {
     /// `algorithm.name: ppo` only.
     pub value: Option<f64>,
     pub value_target: Option<f64>,
+    /// `critic.values: token` only: one per response token.
+    pub token_values: Option<Vec<f32>>,
+    pub token_value_targets: Option<Vec<f32>>,
+    pub token_advantages: Option<Vec<f32>>,
 }
 impl Row for SampleRow {
     const TABLE: Table = Table::Samples;
@@ -361,6 +365,9 @@ mod tests {
                 response_token_count: 12,
                 value: Some(0.5),
                 value_target: Some(0.75),
+                token_values: Some(vec![0.5, 0.25]),
+                token_value_targets: Some(vec![0.75, 0.75]),
+                token_advantages: Some(vec![0.25, 0.5]),
             },
             SampleRow {
                 candidate_id: "t/e0/t1/tool/b4".into(),
@@ -373,6 +380,9 @@ mod tests {
                 response_token_count: 7,
                 value: None,
                 value_target: None,
+                token_values: None,
+                token_value_targets: None,
+                token_advantages: None,
             },
         ];
         let batch = to_batch(&rows).unwrap();

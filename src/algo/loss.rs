@@ -43,6 +43,25 @@ pub fn truncated_importance_weight(trainer_logp: f64, engine_logp: f64, cap: f64
     (trainer_logp - engine_logp).exp().min(cap)
 }
 
+/// The advantage a trained sequence's tokens are credited with: one for the whole reply
+/// (a group baseline, a critic that values the turn) or one per token (`critic.values:
+/// token`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Advantage<'a> {
+    Sequence(f64),
+    Tokens(&'a [f32]),
+}
+
+impl Advantage<'_> {
+    /// The advantage of response token `token`.
+    pub fn at(&self, token: usize) -> f64 {
+        match self {
+            Advantage::Sequence(a) => *a,
+            Advantage::Tokens(a) => f64::from(a[token]),
+        }
+    }
+}
+
 /// How token losses become one number.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Aggregation {
@@ -91,7 +110,7 @@ pub struct PpoSummary {
 /// advantage; `weights`, when given, each token's weight in the loss (the truncated
 /// importance weights, [`truncated_importance_weight`]), in the same shape.
 pub fn ppo_clip_loss(
-    sequences: &[(&[(f64, f64)], f64)],
+    sequences: &[(&[(f64, f64)], Advantage)],
     weights: Option<&[Vec<f64>]>,
     clip_epsilon: f64,
     aggregation: Aggregation,
@@ -99,7 +118,9 @@ pub fn ppo_clip_loss(
     let terms: Vec<Vec<TokenTerms>> = sequences
         .iter()
         .map(|(tokens, advantage)| {
-            tokens.iter().map(|(new, old)| ppo_clip_token(*new, *old, *advantage, clip_epsilon)).collect()
+            let token =
+                |(j, (new, old)): (usize, &(f64, f64))| ppo_clip_token(*new, *old, advantage.at(j), clip_epsilon);
+            tokens.iter().enumerate().map(token).collect()
         })
         .collect();
     let weight = |s: usize, j: usize| weights.map_or(1.0, |w| w[s][j]);
@@ -165,7 +186,12 @@ mod tests {
     fn token_mean_summary_matches_the_hand_computation() {
         let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
         let b = [(LN_1_1, 0.0)];
-        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], None, 0.2, Aggregation::TokenMean);
+        let summary = ppo_clip_loss(
+            &[(&a, Advantage::Sequence(1.0)), (&b, Advantage::Sequence(-1.0))],
+            None,
+            0.2,
+            Aggregation::TokenMean,
+        );
         assert!((summary.loss - (-1.2 - 0.5 + 1.1) / 3.0).abs() < 1e-12, "{summary:?}");
         // Only the first token's clip binds.
         assert!((summary.clip_fraction - 1.0 / 3.0).abs() < 1e-12);
@@ -179,7 +205,12 @@ mod tests {
     fn sequence_sum_divides_each_sequence_by_the_constant() {
         let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
         let b = [(LN_1_1, 0.0)];
-        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], None, 0.2, Aggregation::SequenceSum { normaliser: 4.0 });
+        let summary = ppo_clip_loss(
+            &[(&a, Advantage::Sequence(1.0)), (&b, Advantage::Sequence(-1.0))],
+            None,
+            0.2,
+            Aggregation::SequenceSum { normaliser: 4.0 },
+        );
         // ((-1.2 - 0.5) / 4 + 1.1 / 4) / 2.
         assert!((summary.loss - (-0.6 / 4.0) / 2.0).abs() < 1e-12, "{summary:?}");
     }
@@ -189,7 +220,12 @@ mod tests {
         let a = [(LN_1_5, 0.0), (LN_0_5, 0.0)];
         let b = [(LN_1_1, 0.0)];
         let weights = vec![vec![0.5, 2.0], vec![1.0]];
-        let summary = ppo_clip_loss(&[(&a, 1.0), (&b, -1.0)], Some(&weights), 0.2, Aggregation::TokenMean);
+        let summary = ppo_clip_loss(
+            &[(&a, Advantage::Sequence(1.0)), (&b, Advantage::Sequence(-1.0))],
+            Some(&weights),
+            0.2,
+            Aggregation::TokenMean,
+        );
         assert!((summary.loss - (-1.2 * 0.5 - 0.5 * 2.0 + 1.1) / 3.0).abs() < 1e-12, "{summary:?}");
     }
 
@@ -203,9 +239,24 @@ mod tests {
     }
 
     #[test]
+    fn per_token_advantages_weigh_each_token_by_its_own() {
+        // On policy (ratio 1) the loss is minus the mean advantage: (0.5 − 1.5 + 2) / 3.
+        let tokens = [(-1.0, -1.0), (-2.0, -2.0), (-0.5, -0.5)];
+        let per_token = [0.5f32, -1.5, 2.0];
+        let summary = ppo_clip_loss(&[(&tokens, Advantage::Tokens(&per_token))], None, 0.2, Aggregation::TokenMean);
+        assert!((summary.loss + 1.0 / 3.0).abs() < 1e-12, "{summary:?}");
+        // Off policy, token 0 at ratio 1.5 with A = 0.5 is clipped (−0.6 > −0.75), token 1
+        // at ratio 0.5 with A = −1.5 too (0.8·1.5 = 1.2 > 0.75): each by its own sign.
+        let off = [(LN_1_5, 0.0), (LN_0_5, 0.0), (0.0, 0.0)];
+        let summary = ppo_clip_loss(&[(&off, Advantage::Tokens(&per_token))], None, 0.2, Aggregation::TokenMean);
+        assert!((summary.loss - (-0.6 + 1.2 - 2.0) / 3.0).abs() < 1e-12, "{summary:?}");
+        assert!((summary.clip_fraction - 2.0 / 3.0).abs() < 1e-12, "{summary:?}");
+    }
+
+    #[test]
     fn on_policy_ratios_are_one_and_the_loss_is_minus_the_mean_advantage() {
         let tokens = [(-1.0, -1.0), (-2.0, -2.0)];
-        let summary = ppo_clip_loss(&[(&tokens, 0.5)], None, 0.2, Aggregation::TokenMean);
+        let summary = ppo_clip_loss(&[(&tokens, Advantage::Sequence(0.5))], None, 0.2, Aggregation::TokenMean);
         assert_eq!((summary.loss, summary.clip_fraction, summary.approx_kl, summary.ratio_max), (-0.5, 0.0, 0.0, 1.0));
     }
 }

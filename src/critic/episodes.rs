@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::algo::credit::Step;
-use crate::algo::critic::episode_gae;
+use crate::algo::critic::{Discounts, episode_gae};
 use crate::algo::{AlgorithmConfig, TRUNCATED_FINISH_REASON, Truncated};
 use crate::tables::TurnRow;
 
@@ -36,14 +36,16 @@ pub fn steps<'a>(episode: &[&'a TurnRow], algorithm: &AlgorithmConfig) -> Vec<St
 }
 
 /// Each turn's discounted return to its episode's end (GAE with λ = 1 and no values), by
-/// candidate id: what a critic is fitted to from stored rollouts alone.
+/// candidate id: what a critic is fitted to from stored rollouts alone, at every token
+/// of the turn's reply as at its state (γ is 1 between the tokens of a reply).
 pub fn returns(turns: &[TurnRow], algorithm: &AlgorithmConfig) -> HashMap<String, f64> {
     let mut returns = HashMap::with_capacity(turns.len());
     for episode in episodes(turns) {
-        let zero = vec![0.0; episode.len()];
-        let estimates = episode_gae(algorithm.alpha, algorithm.gamma, 1.0, &steps(&episode, algorithm), &zero);
-        for (row, r) in episode.iter().zip(estimates.returns) {
-            returns.insert(row.candidate_id.clone(), r);
+        let zero = vec![vec![0.0]; episode.len()];
+        let monte_carlo = Discounts { gamma: algorithm.gamma, lambda: 1.0, token_lambda: 1.0 };
+        let estimates = episode_gae(algorithm.alpha, monte_carlo, &steps(&episode, algorithm), &zero);
+        for (row, e) in episode.iter().zip(estimates) {
+            returns.insert(row.candidate_id.clone(), e.returns[0]);
         }
     }
     returns

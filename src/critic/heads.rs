@@ -6,7 +6,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use super::CriticConfig;
+use super::{CriticConfig, CriticInput};
 use crate::algo::critic::{clipped_value_loss, explained_variance};
 use crate::model::{AdamW, AdamWState, LanguageModel, Result, VALUE_HEAD_FILE, ValueHead};
 use crate::rng::{Key, name_key, permutation, stream};
@@ -25,13 +25,15 @@ pub struct Critics {
     heads: BTreeMap<String, Critic>,
 }
 
-/// What a head is fitted on: the features of N inputs (N, E), the values the head gave
-/// them when they were sampled, and their value targets.
+/// What a head is fitted on: the features of N valued positions (N, E), the values the
+/// head gave them when they were sampled, and their value targets; `positions[i]` of
+/// them, in order, are sample i's (one for a turn valued once, one per reply token).
 #[derive(Clone, Copy)]
 pub struct FitSet<'a> {
     pub features: &'a Tensor,
     pub old_values: &'a [f64],
     pub targets: &'a [f64],
+    pub positions: &'a [usize],
 }
 
 /// What one step of a head's optimiser saw and did.
@@ -94,9 +96,10 @@ impl Critics {
         self.heads.get(agent).unwrap_or_else(|| panic!("no value head was loaded for agent {agent}"))
     }
 
-    /// Fits `agent`'s head to `set`: `config.epochs` seeded passes in mini-batches, each
-    /// step on the clipped value loss against the values predicted at sampling time,
-    /// gradients clipped to a norm of `grad_clip`.
+    /// Fits `agent`'s head to `set`: `config.epochs` seeded passes in mini-batches of
+    /// samples, each step on the clipped value loss (the mean over their positions)
+    /// against the values predicted at sampling time, gradients clipped to a norm of
+    /// `grad_clip`.
     pub fn fit(
         &mut self,
         agent: &str,
@@ -105,11 +108,13 @@ impl Critics {
         grad_clip: f64,
         seed: u64,
     ) -> Result<Vec<FitStep>> {
-        let FitSet { features, old_values: old, targets } = *set;
+        let FitSet { features, old_values: old, targets, positions } = *set;
+        assert_eq!(positions.iter().sum::<usize>(), old.len(), "positions for every value");
         let critic = self.heads.get_mut(agent).unwrap_or_else(|| panic!("no value head was loaded for agent {agent}"));
         let weights = critic.head.var_store().variables();
         let mut optimizer = AdamW::new(weights, &config.optimizer, critic.state.take(), None)?;
-        let n = old.len();
+        let starts: Vec<usize> = positions.iter().scan(0, |at, &p| Some(std::mem::replace(at, *at + p))).collect();
+        let n = positions.len();
         let mini_batch = config.mini_batch_sequences as usize;
         let total = optimizer.steps_taken() + (n.div_ceil(mini_batch) * config.epochs as usize) as u64;
         let device = features.device();
@@ -119,7 +124,9 @@ impl Critics {
         };
         let mut steps = Vec::new();
         for epoch in 0..config.epochs {
-            for rows in permutation(n, stream(&[seed, u64::from(epoch)])).chunks(mini_batch) {
+            for samples in permutation(n, stream(&[seed, u64::from(epoch)])).chunks(mini_batch) {
+                let rows: Vec<usize> = samples.iter().flat_map(|&i| starts[i]..starts[i] + positions[i]).collect();
+                let rows = rows.as_slice();
                 let index: Vec<i64> = rows.iter().map(|&i| i as i64).collect();
                 let x = features.index_select(0, &Tensor::from_slice(&index).to_device(device));
                 let (old_t, target_t) = (column(old, rows), column(targets, rows));
@@ -148,7 +155,7 @@ impl Critics {
                     grad_norm,
                     weights_change,
                     learning_rate: lr,
-                    sequences: rows.len() as u32,
+                    sequences: samples.len() as u32,
                     skipped,
                 });
             }
@@ -189,44 +196,45 @@ pub fn clipped_value_loss_tensor(values: &Tensor, old: &Tensor, targets: &Tensor
     free.maximum(&held).mean(Kind::Float) * 0.5
 }
 
-/// The final hidden state at the last token of each input (N, E) float32, through the
-/// policy's `adapter`, without gradients: what a head reads. Inputs are forwarded
-/// shortest first, as many at once as fit `max_tokens` padded tokens.
+/// The final hidden states at the valued positions of each input, the last `positions`
+/// of its ids, (Σ positions, E) float32 in input order, through the policy's `adapter`,
+/// without gradients: what a head reads. Inputs are forwarded shortest first, as many at
+/// once as fit `max_tokens` padded tokens.
 pub fn features(
     model: &mut LanguageModel,
     adapter: Option<&str>,
-    inputs: &[Vec<i64>],
+    inputs: &[CriticInput],
     max_tokens: usize,
 ) -> Result<Tensor> {
     let mut order: Vec<usize> = (0..inputs.len()).collect();
-    order.sort_by_key(|&i| inputs[i].len());
+    order.sort_by_key(|&i| inputs[i].ids.len());
     let width = model.config().hidden_size as i64;
-    let mut rows: Vec<Tensor> = Vec::new();
+    let mut by_input: Vec<Option<Tensor>> = (0..inputs.len()).map(|_| None).collect();
     let mut start = 0;
     while start < order.len() {
         // Sorted by length: the last row of a chunk is its longest.
         let mut end = start + 1;
-        while end < order.len() && (end + 1 - start) * inputs[order[end]].len() <= max_tokens {
+        while end < order.len() && (end + 1 - start) * inputs[order[end]].ids.len() <= max_tokens {
             end += 1;
         }
-        let chunk: Vec<Vec<i64>> = order[start..end].iter().map(|&i| inputs[i].clone()).collect();
+        let chunk: Vec<Vec<i64>> = order[start..end].iter().map(|&i| inputs[i].ids.clone()).collect();
         let adapters = vec![adapter.map(str::to_owned); chunk.len()];
-        // Left-padded: every row's last position is its last token.
+        // Left-padded: every row ends at its last token.
         let hidden = model.padded_hidden(&chunk, &adapters)?;
-        // A copy, not a view that would keep the chunk's whole (B, P, E) states alive.
-        rows.push(hidden.select(1, -1).to_kind(Kind::Float).copy());
+        let padded_length = hidden.size()[1];
+        for (row, &i) in order[start..end].iter().enumerate() {
+            let positions = inputs[i].positions as i64;
+            // A copy, not a view that would keep the chunk's whole (B, P, E) states alive.
+            let valued = hidden.get(row as i64).narrow(0, padded_length - positions, positions);
+            by_input[i] = Some(valued.to_kind(Kind::Float).copy());
+        }
         start = end;
     }
-    if rows.is_empty() {
+    if inputs.is_empty() {
         return Ok(Tensor::zeros([0, width], (Kind::Float, model.device())));
     }
-    let sorted = Tensor::cat(&rows, 0);
-    // Back to input order: row order[k] of the result is sorted row k.
-    let mut inverse = vec![0i64; order.len()];
-    for (k, &i) in order.iter().enumerate() {
-        inverse[i] = k as i64;
-    }
-    Ok(sorted.index_select(0, &Tensor::from_slice(&inverse).to_device(sorted.device())))
+    let rows: Vec<Tensor> = by_input.into_iter().map(|t| t.expect("every input was forwarded")).collect();
+    Ok(Tensor::cat(&rows, 0))
 }
 
 #[cfg(test)]
@@ -250,18 +258,29 @@ mod tests {
     #[test]
     fn a_head_fits_its_targets_and_saves_and_loads_back_with_its_optimiser() {
         let mut model = LanguageModel::load(&fixture("hf-tiny-qwen3"), &LoadOptions::default()).unwrap();
-        let inputs: Vec<Vec<i64>> = (0..8).map(|i| (0..(2 + i % 3)).map(|j| (7 * i + j) % 50 + 1).collect()).collect();
+        let ids = |i: i64| (0..(2 + i % 3)).map(|j| (7 * i + j) % 50 + 1).collect();
+        let inputs: Vec<CriticInput> = (0..8).map(|i| CriticInput { ids: ids(i), positions: 1 }).collect();
         let x = features(&mut model, None, &inputs, 8).unwrap();
         // Batched in chunks or one at a time: the same features, in input order.
         let alone = features(&mut model, None, &inputs[5..6], 1000).unwrap();
         assert!((x.get(5) - alone.get(0)).abs().max().double_value(&[]) < 1e-5);
+        // Every position of an input: its last row is the input's state, the one before
+        // it that of the input without its last token.
+        let all = CriticInput { ids: inputs[5].ids.clone(), positions: inputs[5].ids.len() };
+        let shorter = CriticInput { ids: inputs[5].ids[..inputs[5].ids.len() - 1].to_vec(), positions: 1 };
+        let both = features(&mut model, None, &[shorter, all.clone(), inputs[0].clone()], 1000).unwrap();
+        let n = all.positions as i64;
+        assert_eq!(both.size(), [1 + n + 1, model.config().hidden_size as i64]);
+        assert!((both.get(n) - alone.get(0)).abs().max().double_value(&[]) < 1e-5);
+        assert!((both.get(n - 1) - both.get(0)).abs().max().double_value(&[]) < 1e-5);
+        assert!((both.get(n + 1) - x.get(0)).abs().max().double_value(&[]) < 1e-5);
         let width = model.config().hidden_size as i64;
         let mut critics = Critics::load(None, &["a"], width, 3, Device::Cpu).unwrap();
         let targets: Vec<f64> = (0..8).map(|i| f64::from(i % 2)).collect();
         let config = CriticConfig { epochs: 60, mini_batch_sequences: 4, value_clip: 10.0, ..CriticConfig::default() };
         let old = critics.values("a", &x);
-        let steps =
-            critics.fit("a", &FitSet { features: &x, old_values: &old, targets: &targets }, &config, 1.0, 9).unwrap();
+        let set = FitSet { features: &x, old_values: &old, targets: &targets, positions: &[1; 8] };
+        let steps = critics.fit("a", &set, &config, 1.0, 9).unwrap();
         assert_eq!(steps.len(), 120);
         let (first, last) = (&steps[0], &steps[119]);
         assert!(last.loss < first.loss / 2.0, "the loss falls: {} then {}", first.loss, last.loss);

@@ -2,7 +2,8 @@
 //! own trunk, what it reads, and how it is fitted.
 //!
 //! ```text
-//!  advantage k   policy v_k trunk ─► features (hidden state at the input's last token)
+//!  advantage k   policy v_k trunk ─► features (hidden state at the input's last token,
+//!                or at each token of the reply with `values: token`)
 //!                critic/<agent> v_k ─► V(s) of every turn ─► algo::critic::episode_gae
 //!                ─► samples.advantage, samples.value, samples.value_target
 //!  update k      PPO steps on the policy ─► features under v_(k+1) ─► head fitted to the
@@ -38,7 +39,7 @@ use crate::validate::{Invalid, check};
 
 pub use episodes::{episodes, returns, steps};
 pub use heads::{CRITIC_DIR, Critics, FitSet, FitStep, clipped_value_loss_tensor, features};
-pub use inputs::inputs;
+pub use inputs::{CriticInput, inputs};
 
 /// `critic:` in a run's config: the learned critic of `algorithm.name: ppo`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -54,9 +55,15 @@ pub struct CriticConfig {
     /// sits on its policy's trunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
+    /// Where the critic values a turn: once, at its state (the prompt's last token), or
+    /// at every token of its reply, so that the reply's tokens are credited one by one.
+    pub values: ValuesAt,
     /// GAE's λ: 1 judges each turn by the whole return to the episode's end, 0 by the
     /// next turn's value alone. γ is `algorithm.gamma`.
     pub lambda: f64,
+    /// `values: token`: GAE's λ between the tokens of one reply (their γ is 1): 1 judges
+    /// every token by its turn's return, 0 by the next token's value alone.
+    pub token_lambda: f64,
     /// Clip of the value loss: a value may not move more than this from the one the
     /// critic predicted at sampling time and buy a lower loss (in reward units).
     pub value_clip: f64,
@@ -95,6 +102,18 @@ impl Default for CriticWarmStart {
     }
 }
 
+/// `critic.values`: one value per turn or one per token of its reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ValuesAt {
+    /// The turn's state, before its reply: every token of the reply shares its advantage.
+    #[default]
+    Turn,
+    /// The state before each token of the reply: a value and an advantage per token
+    /// (verl's and OpenRLHF's token-level GAE), kept in `samples.token_*`.
+    Token,
+}
+
 /// `critic.sees`: the state a critic values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -129,7 +148,9 @@ impl Default for CriticConfig {
         CriticConfig {
             sees: Sees::Own,
             model: None,
+            values: ValuesAt::Turn,
             lambda: 0.95,
+            token_lambda: 1.0,
             value_clip: 0.5,
             epochs: 4,
             mini_batch_sequences: 32,
@@ -147,8 +168,14 @@ impl CriticConfig {
         self.sees == Sees::Joint
     }
 
+    /// GAE's discounts of this critic with `algorithm.gamma`.
+    pub fn discounts(&self, gamma: f64) -> crate::algo::critic::Discounts {
+        crate::algo::critic::Discounts { gamma, lambda: self.lambda, token_lambda: self.token_lambda }
+    }
+
     pub fn validate(&self) -> Result<(), Invalid> {
         check((0.0..=1.0).contains(&self.lambda), "critic.lambda", "must be in [0, 1]")?;
+        check((0.0..=1.0).contains(&self.token_lambda), "critic.token_lambda", "must be in [0, 1]")?;
         check(self.value_clip > 0.0 && self.value_clip.is_finite(), "critic.value_clip", "must be positive")?;
         check(self.epochs >= 1, "critic.epochs", "must be at least 1")?;
         check(self.mini_batch_sequences >= 1, "critic.mini_batch_sequences", "must be at least 1")?;

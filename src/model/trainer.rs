@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 
 use super::adamw::{AdamW, AdamWState, OptimizerConfig, StateShard, StepChange};
 use super::{LanguageModel, MicroBatch, MicroBatching, Result, ScoreRequest};
-use crate::algo::loss::{Aggregation, LOG_RATIO_LIMIT};
+use crate::algo::loss::{Advantage, Aggregation, LOG_RATIO_LIMIT};
 use crate::ranks::Ranks;
 
 /// The PPO-clip objective's settings.
@@ -155,7 +155,7 @@ impl Trainer {
     }
 
     /// A PPO-clip step on `batch`, whose request i has the old logprobs `old[i]` and the
-    /// advantage `advantages[i]` (broadcast to every response token), or none: a masked
+    /// advantage `advantages[i]` (one for every response token, or one each), or none: a masked
     /// request, forwarded with its group but out of the loss and of its token count.
     /// Without `old`, the weights are the old policy's and the step's own forward gives
     /// the old logprobs (every ratio exactly 1), which saves a forward of the batch.
@@ -168,7 +168,7 @@ impl Trainer {
         batch: &[ScoreRequest],
         old: Option<&[&[f32]]>,
         sampled: &[&[f32]],
-        advantages: &[Option<f64>],
+        advantages: &[Option<Advantage>],
         totals: Totals,
         clip: PpoClip,
         micro: MicroBatching,
@@ -190,8 +190,8 @@ impl Trainer {
                 Some(old) => padded(mb.indices.iter().map(|&i| old[i]), &mb.logprobs, device),
                 None => mb.logprobs.detach(),
             };
-            let adv: Vec<f32> = mb.indices.iter().map(|&i| advantages[i].unwrap_or(0.0) as f32).collect();
-            let adv_t = Tensor::from_slice(&adv).view([-1, 1]).to_device(device);
+            let adv: Vec<Vec<f32>> = mb.indices.iter().map(|&i| token_advantages(advantages[i], &batch[i])).collect();
+            let adv_t = padded(adv.iter().map(Vec::as_slice), &mb.logprobs, device);
             let kept: Vec<f32> = mb.indices.iter().map(|&i| f32::from(u8::from(advantages[i].is_some()))).collect();
             let kept_mask = &mb.mask * Tensor::from_slice(&kept).view([-1, 1]).to_device(device);
             // The importance weights are constants: a weighted mask.
@@ -254,10 +254,23 @@ impl Trainer {
     }
 }
 
+/// The advantage of each response token of `request` (0 for a masked request).
+fn token_advantages(advantage: Option<Advantage>, request: &ScoreRequest) -> Vec<f32> {
+    let n = request.response_ids.len();
+    match advantage {
+        Some(Advantage::Tokens(a)) => {
+            assert_eq!(a.len(), n, "one advantage per response token");
+            a.to_vec()
+        }
+        Some(Advantage::Sequence(a)) => vec![a as f32; n],
+        None => vec![0.0; n],
+    }
+}
+
 impl Totals {
     /// The trained tokens and sequences of `batch`, whose request i trains when
     /// `advantages[i]` is some.
-    pub fn of(batch: &[ScoreRequest], advantages: &[Option<f64>]) -> Totals {
+    pub fn of<A>(batch: &[ScoreRequest], advantages: &[Option<A>]) -> Totals {
         let trained: Vec<&ScoreRequest> =
             batch.iter().zip(advantages).filter(|(_, a)| a.is_some()).map(|(r, _)| r).collect();
         Totals { tokens: trained.iter().map(|r| r.response_ids.len()).sum(), sequences: trained.len() }
@@ -282,7 +295,7 @@ fn padded<'a>(rows: impl Iterator<Item = &'a [f32]>, like: &Tensor, device: tch:
 }
 
 /// `algo::loss::ppo_clip_token` on tensors, summed over the real tokens: logp, old and
-/// mask are (b, T), advantage is (b, 1), broadcast to every token.
+/// mask are (b, T), advantage is (b, T), or (b, 1) broadcast to every token.
 pub fn ppo_clip_tensor(logp: &Tensor, old: &Tensor, advantage: &Tensor, mask: &Tensor, clip_epsilon: f64) -> Tensor {
     let ratio = (logp - old).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp();
     let pg_loss1 = -advantage * &ratio;
@@ -307,7 +320,8 @@ mod tests {
         let adv_t = Tensor::from_slice(&[adv[0] as f32, adv[1] as f32]).view([2, 1]);
         let pairs: Vec<Vec<(f64, f64)>> =
             (0..2).map(|r| (0..lens[r]).map(|j| (f64::from(new[r][j]), f64::from(old[r][j]))).collect()).collect();
-        let seqs: Vec<(&[(f64, f64)], f64)> = pairs.iter().zip(adv).map(|(p, a)| (p.as_slice(), a)).collect();
+        let seqs: Vec<(&[(f64, f64)], Advantage)> =
+            pairs.iter().zip(adv).map(|(p, a)| (p.as_slice(), Advantage::Sequence(a))).collect();
         for aggregation in [Aggregation::TokenMean, Aggregation::SequenceSum { normaliser: 5.0 }] {
             let expected = ppo_clip_loss(&seqs, None, 0.2, aggregation);
             let sum = ppo_clip_tensor(&t(&new), &t(&old), &adv_t, &mask, 0.2);

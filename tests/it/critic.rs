@@ -308,3 +308,94 @@ fn a_separate_critic_model_values_the_turns_on_its_own_trunk_and_its_heads_go_wi
     assert!(stderr.contains(&format!("critic.model {}", other.display())), "{stderr}");
     assert!(!sql_rows(&refused, "select count(*) from turns where iteration = 0")[0].starts_with('0'));
 }
+
+/// A sample's per-token columns.
+struct TokenColumns {
+    tokens: usize,
+    values: Vec<f64>,
+    targets: Vec<f64>,
+    advantages: Vec<f64>,
+}
+
+#[test]
+fn token_values_credit_every_reply_token_and_agree_with_turn_values_at_the_turns_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (by_turn, by_token) = (dir.path().join("turn"), dir.path().join("token"));
+    let file = ppo_run(&by_turn, "own", "0.8").set("iterations", "1").write(&dir.path().join("turn.yaml"));
+    assert!(run(&["pipeline", "run", &file]).0);
+    let token_critic = "{sees: own, values: token, lambda: 0.8, epochs: 2, mini_batch_sequences: 4}";
+    let file = ppo_run(&by_token, "own", "0.8").set("critic", token_critic).write(&dir.path().join("token.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &file]);
+    assert!(ok, "{stdout}{stderr}");
+
+    // The same turns and fresh heads: a token critic's first value is the state the turn
+    // critic values, the prompt's last token.
+    let (a, b) = (turns(&by_turn, 0), turns(&by_token, 0));
+    assert!(close(&a.iter().map(|t| t.value).collect::<Vec<_>>(), &b.iter().map(|t| t.value).collect::<Vec<_>>()));
+    let lists = |k: u32| -> Vec<TokenColumns> {
+        let query = format!(
+            "select s.response_token_count, array_to_string(s.token_values, ';'), \
+             array_to_string(s.token_value_targets, ';'), array_to_string(s.token_advantages, ';') \
+             from turns t join samples s using (candidate_id) \
+             where t.iteration = {k} and s.iteration = {k} order by t.task_id, t.episode, t.node_id"
+        );
+        let floats = |c: &str| c.split(';').map(|x| x.parse::<f64>().unwrap()).collect::<Vec<f64>>();
+        sql_rows(&by_token, &query)
+            .iter()
+            .map(|line| {
+                let c: Vec<&str> = line.split(',').collect();
+                TokenColumns {
+                    tokens: c[0].parse().unwrap(),
+                    values: floats(c[1]),
+                    targets: floats(c[2]),
+                    advantages: floats(c[3]),
+                }
+            })
+            .collect()
+    };
+    for k in [0, 1] {
+        let rows = turns(&by_token, k);
+        let tokens = lists(k);
+        // λ = 1 within a reply: the turn-level GAE of the first values, at every token.
+        let by_hand = targets_by_hand(&rows, 0.9, 0.8);
+        let mut raw: BTreeMap<&str, Vec<f64>> = BTreeMap::new(); // by agent: its own policy here
+        for ((turn, TokenColumns { tokens: n, values, targets, .. }), target) in rows.iter().zip(&tokens).zip(&by_hand)
+        {
+            assert_eq!((values.len(), targets.len()), (*n, *n), "one per reply token");
+            assert!((values[0] - turn.value).abs() < 1e-5 && (turn.target - target).abs() < 1e-5, "{turn:?}");
+            assert!(targets.iter().all(|t| (t - target).abs() < 1e-5), "{targets:?} vs {target}");
+            raw.entry(&turn.agent).or_default().extend(targets.iter().zip(values).map(|(r, v)| r - v));
+        }
+        // The advantages are target − value per token, whitened over all the policy's tokens.
+        let whitening: BTreeMap<&str, (f64, f64)> = raw
+            .iter()
+            .map(|(agent, raw)| {
+                let mean = raw.iter().sum::<f64>() / raw.len() as f64;
+                let variance = raw.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / raw.len() as f64;
+                (*agent, (mean, (variance + 1e-8).sqrt()))
+            })
+            .collect();
+        for (turn, TokenColumns { values, targets, advantages: stored, .. }) in rows.iter().zip(&tokens) {
+            let (mean, std) = whitening[turn.agent.as_str()];
+            let whitened = targets.iter().zip(values).map(|(r, v)| (r - v - mean) / std);
+            assert!(stored.iter().zip(whitened).all(|(s, w)| (s - w).abs() < 1e-4), "{turn:?}: {stored:?}");
+        }
+        assert!(
+            tokens.iter().any(|t| t.values.windows(2).any(|w| (w[0] - w[1]).abs() > 1e-6)),
+            "values move in a reply"
+        );
+    }
+    // The heads were fitted on every token, a mini-batch of samples at a time: 2 epochs
+    // over each agent's samples, as with turn values.
+    let fits = sql_rows(
+        &by_token,
+        "select u.agent, sum(u.sequences), (select count(*) from samples s where s.iteration = 0 and \
+         s.agent = u.agent and s.response_token_count > 0) from updates u \
+         where u.mode = 'critic' and u.iteration = 0 group by 1 order by 1",
+    );
+    assert_eq!(fits.len(), 2, "{fits:?}");
+    for fit in &fits {
+        let c: Vec<u64> = fit.split(',').skip(1).map(|x| x.parse().unwrap()).collect();
+        assert_eq!(c[0], 2 * c[1], "{fit}");
+    }
+}

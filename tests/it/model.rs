@@ -851,11 +851,21 @@ fn sequence_logprob(policy: &mut LanguageModel, request: &ScoreRequest) -> f64 {
 
 #[test]
 fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one() {
-    use petting::algo::loss::{Aggregation, ppo_clip_loss, truncated_importance_weight};
+    use petting::algo::loss::{Advantage, Aggregation, ppo_clip_loss, truncated_importance_weight};
     let dir = fixture("llama");
     let case = &cases(&dir)[0];
     let requests = two_responses(case);
+    // With the cap, each token gets its own advantage (a token-level critic's), of the
+    // response's sign: 1, 0.5, 1, 0.5, … and −1, −0.5, ….
+    let per_token = |r: usize, sign: f32| -> Vec<f32> {
+        (0..requests[r].response_ids.len()).map(|j| sign * [1.0, 0.5][j % 2]).collect()
+    };
+    let (first, second) = (per_token(0, 1.0), per_token(1, -1.0));
     for importance_cap in [None, Some(2.0)] {
+        let advantages = match importance_cap {
+            None => [Some(Advantage::Sequence(1.0)), Some(Advantage::Sequence(-1.0))],
+            Some(_) => [Some(Advantage::Tokens(&first)), Some(Advantage::Tokens(&second))],
+        };
         let mut policy = load(&dir);
         let before: Vec<f64> = requests.iter().map(|r| sequence_logprob(&mut policy, r)).collect();
         let old = policy.score(&requests, 4096).unwrap();
@@ -874,8 +884,8 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
             &requests,
             Some(&old),
             &sampled,
-            &[Some(1.0), Some(-1.0)],
-            Totals::of(&requests, &[Some(1.0), Some(-1.0)]),
+            &advantages,
+            Totals::of(&requests, &advantages),
             clip,
             micro,
             0,
@@ -887,7 +897,8 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
         // logprobs are the step's own forward), times the capped importance weight.
         let pairs: Vec<Vec<(f64, f64)>> =
             old.iter().map(|lp| lp.iter().map(|&x| (f64::from(x), f64::from(x))).collect()).collect();
-        let sequences: Vec<(&[(f64, f64)], f64)> = pairs.iter().map(Vec::as_slice).zip([1.0, -1.0]).collect();
+        let sequences: Vec<(&[(f64, f64)], Advantage)> =
+            pairs.iter().map(Vec::as_slice).zip(advantages.map(Option::unwrap)).collect();
         let weights: Option<Vec<Vec<f64>>> = importance_cap.map(|cap| {
             old.iter()
                 .zip(&sampled)
@@ -907,7 +918,7 @@ fn one_ppo_step_raises_a_positive_advantage_response_and_lowers_a_negative_one()
 
 #[test]
 fn a_step_with_a_non_finite_loss_is_skipped_and_moves_nothing() {
-    use petting::algo::loss::Aggregation;
+    use petting::algo::loss::{Advantage, Aggregation};
     let dir = fixture("llama");
     let case = &cases(&dir)[0];
     let requests = two_responses(case);
@@ -917,7 +928,7 @@ fn a_step_with_a_non_finite_loss_is_skipped_and_moves_nothing() {
     let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap: None };
     let mut trainer = trainer(&policy, 1e-3);
     let micro = MicroBatching::new(4096, false);
-    let advantages = [Some(f64::NAN), Some(1.0)];
+    let advantages = [Some(Advantage::Sequence(f64::NAN)), Some(Advantage::Sequence(1.0))];
     let done = trainer
         .ppo_step(
             &mut policy,
@@ -952,13 +963,15 @@ fn a_prompt_over_the_limit_is_an_error_not_a_cut() {
 
 #[test]
 fn a_masked_response_trains_as_if_it_were_not_in_the_mini_batch() {
-    use petting::algo::loss::Aggregation;
+    use petting::algo::loss::{Advantage, Aggregation};
     let dir = fixture("llama");
     let case = &cases(&dir)[0];
     let requests = two_responses(case);
     let clip = petting::model::PpoClip { epsilon: 0.2, aggregation: Aggregation::TokenMean, importance_cap: None };
     let micro = MicroBatching::new(4096, false);
     let step = |requests: &[ScoreRequest], advantages: &[Option<f64>]| -> Vec<Vec<f32>> {
+        let advantages: Vec<Option<Advantage>> = advantages.iter().map(|a| a.map(Advantage::Sequence)).collect();
+        let advantages = advantages.as_slice();
         let mut policy = load(&dir);
         let sampled = policy.score(requests, 4096).unwrap();
         let sampled: Vec<&[f32]> = sampled.iter().map(Vec::as_slice).collect();

@@ -226,6 +226,9 @@ fn a_batch_with_the_wrong_schema_is_refused_before_anything_is_written() {
                 response_token_count: 3,
                 value: None,
                 value_target: None,
+                token_values: None,
+                token_value_targets: None,
+                token_advantages: None,
             };
             let mut writer = store.begin(StageId::at(Stage::Rollout, 0));
             let batch = tables::to_batch(&[sample]).unwrap();

@@ -1,5 +1,6 @@
 //! PPO's advantages: every turn valued by its agent's critic (version k, on the policy's
-//! trunk of version k), then GAE along each agent's turns of every episode.
+//! trunk of version k), once or at every token of its reply (`critic.values`), then GAE
+//! along each agent's turns of every episode.
 //!
 //! With `critic.model`, the features come from that separate model and the policy is not
 //! loaded at all.
@@ -13,9 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use crate::algo::AlgorithmConfig;
-use crate::algo::critic::{episode_gae, episode_rewards, whiten};
+use crate::algo::critic::{Estimates, Whitening, episode_gae, episode_rewards};
 use crate::config::RunConfig;
-use crate::critic::{CRITIC_DIR, CriticConfig, Critics, episodes, features, inputs as critic_inputs, steps};
+use crate::critic::{CRITIC_DIR, CriticConfig, Critics, ValuesAt, episodes, features, inputs as critic_inputs, steps};
 use crate::policies;
 use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{SampleRow, TurnRow};
@@ -45,9 +46,9 @@ pub(super) async fn run(
     commit_rows(writer, &samples, CommitInfo { inputs: read, model_seconds, ..run_info(config) }).await
 }
 
-/// Every turn's value, by candidate id, from its agent's critic in its policy's
-/// checkpoint of version `iteration` (one policy in memory at a time); each checkpoint
-/// read is added to `read`.
+/// Every turn's values (one, or one per reply token), by candidate id, from its agent's
+/// critic in its policy's checkpoint of version `iteration` (one policy in memory at a
+/// time); each checkpoint read is added to `read`.
 async fn values(
     store: &RunStore,
     config: &RunConfig,
@@ -56,9 +57,9 @@ async fn values(
     session: &Session,
     turns: &[TurnRow],
     read: &mut Vec<InputRef>,
-) -> Result<HashMap<String, f64>, Error> {
+) -> Result<HashMap<String, Vec<f64>>, Error> {
     let markers = store.markers().await?;
-    let mut inputs = critic_inputs(turns, critic.sees, critic.max_input_tokens as usize);
+    let mut inputs = critic_inputs(turns, critic);
     let mut loaded = session.policies.take(store, &config.policies, iteration).await?;
     let mut values = HashMap::with_capacity(turns.len());
     for name in config.policies.keys() {
@@ -89,11 +90,12 @@ async fn values(
         let budget = config.update.micro_batch_tokens as usize;
         let adapter = adapter.map(str::to_owned);
         for (agent, rows) in by_agent {
-            let agent_inputs: Vec<Vec<i64>> =
+            let agent_inputs: Vec<_> =
                 rows.iter().map(|r| inputs.remove(&r.candidate_id).expect("every turn has an input")).collect();
             let x = tokio::task::block_in_place(|| features(model, adapter.as_deref(), &agent_inputs, budget))?;
-            for (row, value) in rows.iter().zip(critics.values(agent, &x)) {
-                values.insert(row.candidate_id.clone(), value);
+            let mut flat = critics.values(agent, &x).into_iter();
+            for (row, input) in rows.iter().zip(&agent_inputs) {
+                values.insert(row.candidate_id.clone(), flat.by_ref().take(input.positions).collect());
             }
         }
     }
@@ -102,21 +104,27 @@ async fn values(
 }
 
 /// The samples of `turns`: GAE over each episode (task, episode) in play order, with
-/// each turn's value from `values`, the truncation penalty in the reward where it
-/// applies, the advantages of each policy whitened if asked.
+/// each turn's values from `values`, the truncation penalty in the reward where it
+/// applies, the advantages of each policy whitened if asked (with token values, over
+/// all its tokens). With token values the per-token columns are filled and the turn's
+/// own columns hold its first token's.
 fn samples(
     turns: &[TurnRow],
-    values: &HashMap<String, f64>,
+    values: &HashMap<String, Vec<f64>>,
     algorithm: &AlgorithmConfig,
     critic: &CriticConfig,
 ) -> Vec<SampleRow> {
+    let by_token = critic.values == ValuesAt::Token;
     let mut samples = Vec::with_capacity(turns.len());
+    let mut estimates: Vec<Estimates> = Vec::with_capacity(turns.len());
     for episode in episodes(turns) {
         let steps = steps(&episode, algorithm);
-        let own: Vec<f64> = episode.iter().map(|r| values[&r.candidate_id]).collect();
-        let estimates = episode_gae(algorithm.alpha, algorithm.gamma, critic.lambda, &steps, &own);
+        let own: Vec<Vec<f64>> = episode.iter().map(|r| values[&r.candidate_id].clone()).collect();
+        let episode_estimates = episode_gae(algorithm.alpha, critic.discounts(algorithm.gamma), &steps, &own);
         let rewards = episode_rewards(algorithm.alpha, &steps);
         for (i, row) in episode.iter().enumerate() {
+            let (e, own) = (&episode_estimates[i], &own[i]);
+            let floats = |xs: &[f64]| by_token.then(|| floats(&xs[..row.response_tokens.len()]));
             samples.push(SampleRow {
                 candidate_id: row.candidate_id.clone(),
                 group_id: row.task_id.clone(),
@@ -124,28 +132,54 @@ fn samples(
                 policy: row.policy.clone(),
                 policy_version: row.policy_version,
                 mixed_reward: rewards[i],
-                advantage: estimates.advantages[i],
+                // Set below, after whitening.
+                advantage: 0.0,
                 response_token_count: row.response_tokens.len() as u32,
-                value: Some(own[i]),
-                value_target: Some(estimates.returns[i]),
+                value: Some(own[0]),
+                value_target: Some(e.returns[0]),
+                token_values: floats(own),
+                token_value_targets: floats(&e.returns),
+                token_advantages: None,
             });
         }
+        estimates.extend(episode_estimates);
     }
     if critic.whiten_advantages {
-        let mut policies: Vec<String> = samples.iter().map(|s| s.policy.clone()).collect();
-        policies.sort_unstable();
-        policies.dedup();
-        for policy in policies {
-            let mine: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].policy == policy).collect();
-            let mut advantages: Vec<f64> = mine.iter().map(|&i| samples[i].advantage).collect();
-            whiten(&mut advantages);
-            for (&i, a) in mine.iter().zip(advantages) {
-                samples[i].advantage = a;
-            }
+        whiten_per_policy(&samples, &mut estimates, by_token);
+    }
+    for (sample, e) in samples.iter_mut().zip(estimates) {
+        sample.advantage = e.advantages[0];
+        if by_token {
+            sample.token_advantages = Some(floats(&e.advantages[..sample.response_token_count as usize]));
         }
     }
     samples.sort_by(|a, b| a.candidate_id.cmp(&b.candidate_id));
     samples
+}
+
+/// Each policy's advantages shifted and scaled together, by the statistics of those it
+/// trains on: each sample's, or with token values each response token's (an empty
+/// reply's one value, at its state, trains nothing).
+fn whiten_per_policy(samples: &[SampleRow], estimates: &mut [Estimates], by_token: bool) {
+    let mut policies: Vec<&str> = samples.iter().map(|s| s.policy.as_str()).collect();
+    policies.sort_unstable();
+    policies.dedup();
+    for policy in policies {
+        let mine: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].policy == policy).collect();
+        let trained = |i: usize| if by_token { samples[i].response_token_count as usize } else { 1 };
+        let counted: Vec<f64> = mine.iter().flat_map(|&i| estimates[i].advantages[..trained(i)].to_vec()).collect();
+        let whitening = Whitening::of(&counted);
+        for &i in &mine {
+            for a in estimates[i].advantages.iter_mut() {
+                *a = whitening.apply(*a);
+            }
+        }
+    }
+}
+
+/// f32 copies, as the per-token columns hold them.
+fn floats(xs: &[f64]) -> Vec<f32> {
+    xs.iter().map(|&x| x as f32).collect()
 }
 
 #[cfg(test)]
@@ -175,8 +209,8 @@ mod tests {
         let mut cut = turn(1, 1, "b", 0.0, 1.0);
         cut.finish_reason = TRUNCATED_FINISH_REASON.into();
         let rows = vec![turn(0, 0, "a", 0.0, 0.0), turn(0, 1, "b", 0.5, 2.0), cut, turn(1, 0, "a", 0.2, 0.0)];
-        let values: HashMap<String, f64> =
-            [("e0/n0", 1.0), ("e0/n1", 0.5), ("e1/n0", 0.0), ("e1/n1", 0.25)].map(|(k, v)| (k.into(), v)).into();
+        let values: HashMap<String, Vec<f64>> =
+            [("e0/n0", 1.0), ("e0/n1", 0.5), ("e1/n0", 0.0), ("e1/n1", 0.25)].map(|(k, v)| (k.into(), vec![v])).into();
         let algorithm = AlgorithmConfig { alpha: 1.0, truncated: Truncated::Penalty, ..AlgorithmConfig::default() };
         let critic = CriticConfig { lambda: 1.0, whiten_advantages: false, ..CriticConfig::default() };
         let got = samples(&rows, &values, &algorithm, &critic);
@@ -197,5 +231,36 @@ mod tests {
         let variance = a.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 4.0;
         assert!(mean.abs() < 1e-12 && (variance - 1.0).abs() < 1e-6, "{a:?}");
         assert_eq!(whitened[3].value_target, Some(0.0), "targets are not whitened");
+        assert!(whitened.iter().all(|s| s.token_advantages.is_none() && s.token_values.is_none()));
+    }
+
+    #[test]
+    fn token_values_give_every_reply_token_its_own_advantage_whitened_over_all_tokens() {
+        // One episode: a replies with 2 tokens, then b with 2; R = 1 at b's turn.
+        let rows = vec![turn(0, 0, "a", 0.0, 0.0), turn(0, 1, "b", 0.0, 1.0)];
+        let values: HashMap<String, Vec<f64>> =
+            [("e0/n0", vec![0.5, 0.25]), ("e0/n1", vec![0.0, 0.5])].map(|(k, v)| (k.into(), v)).into();
+        let algorithm = AlgorithmConfig { alpha: 1.0, ..AlgorithmConfig::default() };
+        let critic = CriticConfig {
+            values: ValuesAt::Token,
+            token_lambda: 1.0,
+            whiten_advantages: false,
+            ..CriticConfig::default()
+        };
+        let got = samples(&rows, &values, &algorithm, &critic);
+        // Each agent's one turn ends its trajectory with reward 1 (α·R at its last turn);
+        // λ = 1 within a reply: A = 1 − V at every token, the target 1 at every token.
+        assert_eq!(got[0].token_advantages, Some(vec![0.5, 0.75]));
+        assert_eq!(got[1].token_advantages, Some(vec![1.0, 0.5]));
+        assert_eq!(got[0].token_value_targets, Some(vec![1.0, 1.0]));
+        assert_eq!(got[1].token_values, Some(vec![0.0, 0.5]));
+        assert_eq!((got[0].advantage, got[0].value, got[0].value_target), (0.5, Some(0.5), Some(1.0)));
+        let whitened = samples(&rows, &values, &algorithm, &CriticConfig { whiten_advantages: true, ..critic });
+        let all: Vec<f32> = whitened.iter().flat_map(|s| s.token_advantages.clone().unwrap()).collect();
+        // 0.5, 0.75, 1, 0.5: mean 0.6875, variance 0.04296875.
+        let expected: Vec<f32> =
+            [0.5f64, 0.75, 1.0, 0.5].iter().map(|a| ((a - 0.6875) / (0.04296875f64 + 1e-8).sqrt()) as f32).collect();
+        assert!(all.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-5), "{all:?} vs {expected:?}");
+        assert!((whitened[1].advantage - f64::from(all[2])).abs() < 1e-6, "the turn's advantage is its first token's");
     }
 }

@@ -44,7 +44,8 @@ fn query(algorithm: &AlgorithmConfig, iteration: u32) -> String {
          kept AS (SELECT group_id FROM groups WHERE iteration = {iteration} AND kept)
          SELECT candidate_id, w.group_id, agent, policy, policy_version, reward AS mixed_reward,
                 CASE WHEN g_size < 2 OR g_min = g_max THEN 0.0 ELSE {advantage} END AS advantage,
-                response_token_count, CAST(NULL AS DOUBLE) AS value, CAST(NULL AS DOUBLE) AS value_target
+                response_token_count, CAST(NULL AS DOUBLE) AS value, CAST(NULL AS DOUBLE) AS value_target,
+                NULL AS token_values, NULL AS token_value_targets, NULL AS token_advantages
          FROM windowed w JOIN kept ON w.group_id = kept.group_id
          ORDER BY candidate_id",
         scored = scored_sql(algorithm, iteration),

@@ -29,6 +29,10 @@ pub(super) struct Sequence {
     /// PPO's critic: its value of the turn at sampling time, and the target it is fitted to.
     pub(super) value: Option<f64>,
     pub(super) value_target: Option<f64>,
+    /// `critic.values: token`: the same per response token, and each token's advantage.
+    pub(super) token_values: Option<Vec<f32>>,
+    pub(super) token_value_targets: Option<Vec<f32>>,
+    pub(super) token_advantages: Option<Vec<f32>>,
 }
 
 /// What one policy trains on, once every check has passed.
@@ -221,6 +225,20 @@ fn sequence_of(sample: &SampleRow, turn: &TurnRow) -> Result<Option<Sequence>, E
     if turn.response_tokens.is_empty() {
         return Ok(None);
     }
+    let per_token = [
+        ("token_values", &sample.token_values),
+        ("token_value_targets", &sample.token_value_targets),
+        ("token_advantages", &sample.token_advantages),
+    ];
+    for (column, values) in per_token {
+        if let Some(values) = values.as_ref().filter(|v| v.len() != turn.response_tokens.len()) {
+            return Err(bad(format!(
+                "samples.{column} has {} values for its {} response tokens",
+                values.len(),
+                turn.response_tokens.len()
+            )));
+        }
+    }
     Ok(Some(Sequence {
         candidate_id: sample.candidate_id.clone(),
         prompt: turn.prompt_tokens.iter().map(|&t| i64::from(t)).collect(),
@@ -232,5 +250,8 @@ fn sequence_of(sample: &SampleRow, turn: &TurnRow) -> Result<Option<Sequence>, E
         agent: sample.agent.clone(),
         value: sample.value,
         value_target: sample.value_target,
+        token_values: sample.token_values.clone(),
+        token_value_targets: sample.token_value_targets.clone(),
+        token_advantages: sample.token_advantages.clone(),
     }))
 }

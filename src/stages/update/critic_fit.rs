@@ -13,13 +13,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::config::RunConfig;
-use crate::critic::{CriticConfig, Critics, FitSet, FitStep, features};
+use crate::critic::{CriticConfig, CriticInput, Critics, FitSet, FitStep, features};
 use crate::model::LanguageModel;
 use crate::rng::{Key, name_key, stream};
 use crate::tables::UpdateRow;
 
 use super::Error;
-use super::checks::TrainingSet;
+use super::checks::{Sequence, TrainingSet};
 
 /// The heads after their fit, and one `updates` row per step.
 pub(super) struct Fitted {
@@ -28,7 +28,8 @@ pub(super) struct Fitted {
 }
 
 /// Fits the heads of every agent `set`'s policy plays (loaded from `saved`, the critic
-/// folder of version k, or fresh) on its samples, whose critic inputs are `inputs`.
+/// folder of version k, or fresh) on its samples, whose critic inputs are `inputs`: at
+/// every response token where the samples carry token values, else at the turn's state.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fit(
     model: &mut LanguageModel,
@@ -36,7 +37,7 @@ pub(super) fn fit(
     config: &RunConfig,
     critic: &CriticConfig,
     set: &TrainingSet,
-    inputs: &HashMap<String, Vec<i64>>,
+    inputs: &HashMap<String, CriticInput>,
     saved: Option<&Path>,
     iteration: u32,
 ) -> Result<Fitted, crate::stages::Error> {
@@ -49,31 +50,44 @@ pub(super) fn fit(
         if mine.is_empty() {
             continue;
         }
-        let mut old = Vec::with_capacity(mine.len());
-        let mut targets = Vec::with_capacity(mine.len());
+        let (mut old, mut targets, mut positions) = (Vec::new(), Vec::new(), Vec::new());
         for s in &mine {
-            let (Some(value), Some(target)) = (s.value, s.value_target) else {
-                let reason = "samples gives it no value or value_target, which ppo's advantage stage writes".into();
-                return Err(Error::BadRow { candidate_id: s.candidate_id.clone(), reason }.into());
-            };
-            old.push(value);
-            targets.push(target);
+            let (values, value_targets) = values_of(s, inputs[&s.candidate_id].positions)?;
+            positions.push(values.len());
+            old.extend(values);
+            targets.extend(value_targets);
         }
         let started = Instant::now();
-        let agent_inputs: Vec<Vec<i64>> = mine.iter().map(|s| inputs[&s.candidate_id].clone()).collect();
+        let agent_inputs: Vec<CriticInput> = mine.iter().map(|s| inputs[&s.candidate_id].clone()).collect();
         let x = features(model, adapter, &agent_inputs, config.update.micro_batch_tokens as usize)?;
         let seed = stream(&[config.seed, Key::CRITIC, u64::from(iteration), name_key(agent)]);
-        let steps = critics.fit(
-            agent,
-            &FitSet { features: &x, old_values: &old, targets: &targets },
-            critic,
-            config.update.grad_clip,
-            seed,
-        )?;
+        let fit_set = FitSet { features: &x, old_values: &old, targets: &targets, positions: &positions };
+        let steps = critics.fit(agent, &fit_set, critic, config.update.grad_clip, seed)?;
         let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
         rows.extend(steps.into_iter().map(|step| row(&set.name, set.current.version, step, seconds)));
     }
     Ok(Fitted { critics, rows })
+}
+
+/// A sample's values at sampling time and its targets: one per response token, or one
+/// for the turn, as many as its critic input values (`critic.values` as the advantage
+/// stage ran it).
+fn values_of(s: &Sequence, positions: usize) -> Result<(Vec<f64>, Vec<f64>), Error> {
+    let bad = |reason: String| Error::BadRow { candidate_id: s.candidate_id.clone(), reason };
+    let floats = |xs: &[f32]| xs.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    let (values, targets) = match (&s.token_values, &s.token_value_targets, s.value, s.value_target) {
+        (Some(values), Some(targets), _, _) => (floats(values), floats(targets)),
+        (None, None, Some(value), Some(target)) => (vec![value], vec![target]),
+        _ => return Err(bad("samples gives it no value or value_target, which ppo's advantage stage writes".into())),
+    };
+    if values.len() != positions {
+        return Err(bad(format!(
+            "samples gives it {} values but critic.values asks for {positions}: the advantage stage ran with \
+             another critic.values; rerun it",
+            values.len()
+        )));
+    }
+    Ok((values, targets))
 }
 
 /// The `updates` row of one step of a head.

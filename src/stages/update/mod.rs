@@ -109,7 +109,7 @@ pub async fn run(
     let samples: Vec<SampleRow> = store.read_rows(&advantage_markers).await?;
     let sets = checks::training_sets(&config.policies, &markers, &rollout, &turns, &samples, iteration)?;
     let critic = config.critic.as_ref().filter(|_| config.algorithm.name.needs_critic());
-    let critic_inputs = critic.map(|c| crate::critic::inputs(&turns, c.sees, c.max_input_tokens as usize));
+    let critic_inputs = critic.map(|c| crate::critic::inputs(&turns, c));
     drop((turns, samples));
 
     // Every checkpoint is verified (or the resident one matches its marker) before
@@ -326,7 +326,7 @@ fn fit_critic(
     config: &RunConfig,
     critic: &CriticConfig,
     set: &TrainingSet,
-    inputs: &HashMap<String, Vec<i64>>,
+    inputs: &HashMap<String, crate::critic::CriticInput>,
     saved: Option<&Path>,
     iteration: u32,
 ) -> Result<critic_fit::Fitted, super::Error> {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::algo::Truncated;
-use crate::algo::loss::{ppo_clip_loss, truncated_importance_weight};
+use crate::algo::loss::{Advantage, ppo_clip_loss, truncated_importance_weight};
 use crate::algo::stats::{mean_max, mismatch};
 use crate::config::RunConfig;
 use crate::model::{
@@ -71,9 +71,14 @@ impl PpoSettings<'_> {
         }
     }
 
-    /// The advantage `sequence` trains with, or none when it is masked out of the loss.
-    fn trained_advantage(&self, sequence: &Sequence) -> Option<f64> {
-        (!(sequence.truncated && self.truncated == Truncated::Mask)).then_some(sequence.advantage)
+    /// The advantage `sequence` trains with (its tokens' own where the critic gave them),
+    /// or none when it is masked out of the loss.
+    fn trained_advantage<'s>(&self, sequence: &'s Sequence) -> Option<Advantage<'s>> {
+        let advantage = match &sequence.token_advantages {
+            Some(tokens) => Advantage::Tokens(tokens),
+            None => Advantage::Sequence(sequence.advantage),
+        };
+        (!(sequence.truncated && self.truncated == Truncated::Mask)).then_some(advantage)
     }
 
     /// Optimiser steps over `sequences` samples: every epoch in mini-batches.
@@ -158,7 +163,7 @@ pub(super) fn train_ppo(
         let batch: Vec<ScoreRequest> = mine.iter().map(|&i| requests[i].clone()).collect();
         let old_batch: Vec<&[f32]> = mine.iter().map(|&i| old[i].as_slice()).collect();
         let sampled: Vec<&[f32]> = mine.iter().map(|&i| sequences[i].sampled.as_slice()).collect();
-        let advantages: Vec<Option<f64>> = mine.iter().map(|&i| advantage(i)).collect();
+        let advantages: Vec<Option<Advantage>> = mine.iter().map(|&i| advantage(i)).collect();
         let lr = settings.optimizer.learning_rate(trainer.steps_taken(), total);
         let seed = stream(&[settings.seed, Key::PPO, step as u64]);
         let old_given = (!own_forward).then_some(old_batch.as_slice());
@@ -329,15 +334,19 @@ fn step_row(
     let new = &facts.done.logprobs;
     let truncated = chunk.iter().filter(|&&i| set.sequences[i].truncated).count();
     // The loss's terms are those of the sequences it trained on.
-    let (rows, chunk): (Vec<usize>, Vec<usize>) =
-        chunk.iter().enumerate().filter(|&(_, &i)| settings.trained_advantage(&set.sequences[i]).is_some()).unzip();
-    let pairs: Vec<Vec<(f64, f64)>> = rows
+    // (row of the step's logprobs, sample, advantage)
+    let trained: Vec<(usize, usize, Advantage)> = chunk
         .iter()
-        .zip(&chunk)
-        .map(|(&row, &i)| new[row].iter().zip(&old[i]).map(|(&n, &o)| (f64::from(n), f64::from(o))).collect())
+        .enumerate()
+        .filter_map(|(row, &i)| Some((row, i, settings.trained_advantage(&set.sequences[i])?)))
         .collect();
-    let sequences: Vec<(&[(f64, f64)], f64)> =
-        pairs.iter().zip(&chunk).map(|(p, &i)| (p.as_slice(), set.sequences[i].advantage)).collect();
+    let chunk: Vec<usize> = trained.iter().map(|&(_, i, _)| i).collect();
+    let pairs: Vec<Vec<(f64, f64)>> = trained
+        .iter()
+        .map(|&(row, i, _)| new[row].iter().zip(&old[i]).map(|(&n, &o)| (f64::from(n), f64::from(o))).collect())
+        .collect();
+    let sequences: Vec<(&[(f64, f64)], Advantage)> =
+        pairs.iter().zip(&trained).map(|(p, &(_, _, advantage))| (p.as_slice(), advantage)).collect();
     let weights: Option<Vec<Vec<f64>>> = settings.clip.importance_cap.map(|cap| {
         chunk
             .iter()

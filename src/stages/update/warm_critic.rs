@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
-use crate::critic::{CriticConfig, CriticWarmStart, Critics, FitSet, features, inputs, returns};
+use crate::critic::{CriticConfig, CriticInput, CriticWarmStart, Critics, FitSet, features, inputs, returns};
 use crate::model::LanguageModel;
 use crate::play::RolloutMode;
 use crate::rng::{Key, name_key, stream};
@@ -26,7 +26,7 @@ use super::critic_fit::row;
 pub(super) struct WarmTurns {
     turns: Vec<TurnRow>,
     returns: HashMap<String, f64>,
-    inputs: HashMap<String, Vec<i64>>,
+    inputs: HashMap<String, CriticInput>,
 }
 
 /// Reads the turns of `fork`'s source in iterations K − `warm.iterations` … K − 1.
@@ -55,7 +55,7 @@ pub(super) async fn read(
     let refs: Vec<&crate::store::CommitMarker> = markers.iter().map(|m| &m.marker).collect();
     let turns: Vec<TurnRow> = source.read_rows(&refs).await?;
     let returns = returns(&turns, &config.algorithm);
-    let inputs = inputs(&turns, critic.sees, critic.max_input_tokens as usize);
+    let inputs = inputs(&turns, critic);
     Ok(WarmTurns { turns, returns, inputs })
 }
 
@@ -86,11 +86,17 @@ pub(super) fn fit(
             continue;
         }
         let started = Instant::now();
-        let agent_inputs: Vec<Vec<i64>> = mine.iter().map(|t| data.inputs[&t.candidate_id].clone()).collect();
+        let agent_inputs: Vec<CriticInput> = mine.iter().map(|t| data.inputs[&t.candidate_id].clone()).collect();
         let x = features(model, adapter, &agent_inputs, config.update.micro_batch_tokens as usize)?;
         let old = critics.values(agent, &x);
-        let targets: Vec<f64> = mine.iter().map(|t| data.returns[&t.candidate_id]).collect();
-        let set = FitSet { features: &x, old_values: &old, targets: &targets };
+        // Every position of a turn has its return: γ is 1 between a reply's tokens.
+        let positions: Vec<usize> = agent_inputs.iter().map(|i| i.positions).collect();
+        let targets: Vec<f64> = mine
+            .iter()
+            .zip(&positions)
+            .flat_map(|(t, &n)| std::iter::repeat_n(data.returns[&t.candidate_id], n))
+            .collect();
+        let set = FitSet { features: &x, old_values: &old, targets: &targets, positions: &positions };
         let seed = stream(&[config.seed, Key::CRITIC, u64::from(version), name_key(agent), Key::INIT]);
         let steps = critics.fit(agent, &set, &fit_config, config.update.grad_clip, seed)?;
         let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
