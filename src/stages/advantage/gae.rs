@@ -124,7 +124,7 @@ fn samples(
         let rewards = episode_rewards(algorithm.alpha, &steps);
         for (i, row) in episode.iter().enumerate() {
             let (e, own) = (&episode_estimates[i], &own[i]);
-            let floats = |xs: &[f64]| by_token.then(|| floats(&xs[..row.response_tokens.len()]));
+            let per_token = |xs: &[f64]| by_token.then(|| floats(&xs[..row.response_tokens.len()]));
             samples.push(SampleRow {
                 candidate_id: row.candidate_id.clone(),
                 group_id: row.task_id.clone(),
@@ -137,8 +137,8 @@ fn samples(
                 response_token_count: row.response_tokens.len() as u32,
                 value: Some(own[0]),
                 value_target: Some(e.returns[0]),
-                token_values: floats(own),
-                token_value_targets: floats(&e.returns),
+                token_values: per_token(own),
+                token_value_targets: per_token(&e.returns),
                 token_advantages: None,
             });
         }
