@@ -14,8 +14,11 @@ fn load(args: &ConfigArgs) -> anyhow::Result<LoadedConfig> {
 pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
     let loaded = load(args)?;
     let file = &args.config;
-    let inputs =
-        petting::pipeline::inputs::check(&loaded.resolved()).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    // The typed error stays in the chain: the exit status reads it (refused, 3).
+    let inputs = petting::pipeline::inputs::check(&loaded.resolved()).map_err(|e| {
+        let message = format!("{}: {e}", file.display());
+        anyhow::Error::new(e).context(message)
+    })?;
     for renamed in &loaded.renamed {
         println!("{}: warning: {renamed}", file.display());
     }

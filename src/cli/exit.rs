@@ -37,6 +37,11 @@ fn refused(cause: &(dyn std::error::Error + 'static)) -> bool {
     if let Some(e) = cause.downcast_ref::<stages::Error>() {
         return stage_refused(e);
     }
+    // A missing or unreadable model folder or data file, as `pipeline run` refuses it
+    // (driver::Error::Inputs below); `config check` reports it bare.
+    if cause.is::<pipeline::inputs::Error>() {
+        return true;
+    }
     if let Some(e) = cause.downcast_ref::<pipeline::driver::Error>() {
         use pipeline::driver::Error as E;
         return match e {

@@ -153,8 +153,10 @@ fn a_missing_model_folder_or_data_file_is_named_before_a_run_exists() {
     ];
     for (path, expected) in cases {
         for command in [&["config", "check", &path][..], &["pipeline", "run", &path]] {
-            let (ok, _, stderr) = run(command);
+            let output = crate::support::petting().args(command).output().unwrap();
+            let (ok, _, stderr) = crate::support::output_of(output.clone());
             assert!(!ok, "{command:?} was accepted");
+            assert_eq!(output.status.code(), Some(3), "{command:?} is refused before anything is changed: {stderr}");
             for needle in &expected {
                 assert!(stderr.contains(needle), "{command:?}: expected {needle:?} in: {stderr}");
             }
