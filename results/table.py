@@ -47,7 +47,7 @@ COLUMNS = [
     ("Sudoku 4×4 · embedded 0.77M · v30 · seeds 1–3", (1, 2, 3),
      [((1, 2, 3), ["sudoku"])], "†", {}, ()),
     ("math · SmolLM2-135M · v10 · seeds 1–3", (1, 2, 3),
-     [((1,), ["math", "math-grpo", "math-per-role"]),
+     [((1,), ["math", "math-grpo", "math-per-role", "math-ppo"]),
       ((2, 3), ["math-s23", "math-grpo-s23"]),
       ((2,), ["math-per-role-s2"]),
       ((3,), ["math-per-role-s3"]),
