@@ -296,6 +296,8 @@ fn ppo_takes_a_critic_over_independent_episodes_and_the_group_estimators_none() 
     assert!(message.contains("learning_rate"), "{message}");
     let message = overridden(&["critic={}"]).unwrap_err().to_string();
     assert!(message.contains("critic: is the critic of algorithm.name: ppo"), "{message}");
+    let message = overridden(&[&independent[..], &["critic.lora={rank: 4}"]].concat()).unwrap_err().to_string();
+    assert!(message.contains("critic.lora: trains a separate critic model's trunk: set critic.model"), "{message}");
     let message = overridden(&[&independent[..], &["critic.sees=everyone"]].concat()).unwrap_err().to_string();
     assert!(message.contains("critic.sees"), "{message}");
     // The critic's settings are part of the frozen config; a run without one has no key.

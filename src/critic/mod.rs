@@ -16,8 +16,9 @@
 //! the agent's own prompt (independent critics, one per agent: IPPO) or the joint
 //! history of the episode (a centralised critic per agent: MAPPO), see inputs.rs.
 //!
-//! `critic.model` puts the heads on a separate, frozen critic model instead (model.rs):
-//! a trunk of its own size that the policy's training does not move.
+//! `critic.model` puts the heads on a separate critic model instead (model.rs): a trunk
+//! of its own size that the policy's training does not move. It is frozen, or, with
+//! `critic.lora`, trained with the heads through a LoRA adapter per agent (heads.rs).
 //!
 //! The heads are part of their policy's checkpoint: `critic/<agent>.safetensors` and the
 //! head's AdamW state `critic/<agent>.optimizer.safetensors` in the version's folder,
@@ -34,11 +35,11 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::OptimizerConfig;
+use crate::model::{LoraConfig, OptimizerConfig};
 use crate::validate::{Invalid, check};
 
 pub use episodes::{episodes, returns, steps};
-pub use heads::{CRITIC_DIR, Critics, FitSet, FitStep, clipped_value_loss_tensor, features};
+pub use heads::{CRITIC_DIR, Critics, FitSet, FitStep, Trunk, clipped_value_loss_tensor, features};
 pub use inputs::{CriticInput, inputs};
 
 /// `critic:` in a run's config: the learned critic of `algorithm.name: ppo`.
@@ -50,11 +51,17 @@ pub struct CriticConfig {
     /// centralised critic).
     pub sees: Sees,
     /// A separate critic model: a Hugging Face folder (relative to the run file) whose
-    /// frozen trunk gives the features every head reads, in place of the policy's own.
+    /// trunk gives the features every head reads, in place of the policy's own; frozen
+    /// unless `critic.lora` trains it.
     /// It must tokenize as the policies do (the same tokenizer.json). Absent: each head
     /// sits on its policy's trunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
+    /// Train the critic model's trunk with its heads: a LoRA adapter per agent on
+    /// `critic.model`, stepped by the value loss with the head (by `critic.optimizer`).
+    /// Absent: that trunk stays frozen and only the heads learn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
     /// Where the critic values a turn: once, at its state (the prompt's last token), or
     /// at every token of its reply, so that the reply's tokens are credited one by one.
     pub values: ValuesAt,
@@ -148,6 +155,7 @@ impl Default for CriticConfig {
         CriticConfig {
             sees: Sees::Own,
             model: None,
+            lora: None,
             values: ValuesAt::Turn,
             lambda: 0.95,
             token_lambda: 1.0,
@@ -182,6 +190,15 @@ impl CriticConfig {
         check(self.max_input_tokens >= 1, "critic.max_input_tokens", "must be at least 1")?;
         if let Some(model) = &self.model {
             check(!model.as_os_str().is_empty(), "critic.model", "is empty; give a Hugging Face model folder")?;
+        }
+        if let Some(lora) = &self.lora {
+            check(
+                self.model.is_some(),
+                "critic.lora",
+                "trains a separate critic model's trunk: set critic.model too (a head on the policy's own \
+                 trunk reads the trunk the policy's training moves)",
+            )?;
+            lora.validate("critic.lora")?;
         }
         if let Some(warm) = &self.warm_start {
             check(warm.iterations >= 1, "critic.warm_start.iterations", "must be at least 1")?;

@@ -1,12 +1,12 @@
-//! `critic.model`: a separate critic model, whose frozen trunk gives the features the
-//! heads read in place of the policy's own.
+//! `critic.model`: a separate critic model, whose trunk gives the features the heads
+//! read in place of the policy's own.
 //!
 //! The heads read the policies' token ids (the critic inputs are built from the stored
 //! turns), so the critic model must tokenize as every policy it values does: its
 //! tokenizer.json is checked against the policy's, byte for byte by sha256, before a
-//! single forward. The trunk is not trained: its folder is the same at every version,
-//! and the heads, their optimiser state and their version live in the policy's
-//! checkpoint as they do on a shared trunk.
+//! single forward. Its folder is the same at every version: the heads, the agents'
+//! adapters on it where `critic.lora` trains it, their optimiser state and their
+//! version live in the policy's checkpoint as they do on a shared trunk.
 
 use std::path::{Path, PathBuf};
 

@@ -205,14 +205,21 @@ impl LanguageModel {
         let peft: PeftConfig = serde_json::from_str(&text)
             .map_err(|e| Error::Format { file: config_path.clone(), reason: e.to_string() })?;
         let lora = peft.to_lora().map_err(|reason| Error::Format { file: config_path, reason })?;
-        let files = SafetensorsSet::open_files(&[dir.join(ADAPTER_WEIGHTS_FILE)])?;
-        self.insert_adapter(name, &lora, &Weights::Files(&files))?;
+        self.load_adapter_file(name, &lora, &dir.join(ADAPTER_WEIGHTS_FILE))
+    }
+
+    /// Adds the adapter whose tensors (PEFT keys) are in the safetensors file `path`
+    /// under `name`, with the settings `lora`; every tensor must be one this base has a
+    /// place for, with the right shape.
+    pub fn load_adapter_file(&mut self, name: &str, lora: &LoraConfig, path: &Path) -> Result<()> {
+        let files = SafetensorsSet::open_files(&[path.to_path_buf()])?;
+        self.insert_adapter(name, lora, &Weights::Files(&files))?;
         let known = self.adapters.last().expect("just inserted").vs.variables();
         if let Some(extra) = files.names().into_iter().find(|n| !known.contains_key(*n)) {
             let extra = extra.to_owned();
             self.adapters.pop();
             return Err(Error::Format {
-                file: dir.join(ADAPTER_WEIGHTS_FILE),
+                file: path.to_path_buf(),
                 reason: format!("tensor {extra} does not belong to a LoRA adapter of this model's linear layers"),
             });
         }

@@ -242,37 +242,46 @@ impl LanguageModel {
     /// Final hidden states (B, P, E) of `sequences` left-padded to the longest (P), each
     /// through its adapter, without gradients.
     pub(crate) fn padded_hidden(&mut self, sequences: &[Vec<i64>], adapters: &[Option<String>]) -> Result<Tensor> {
-        tch::no_grad(|| {
-            let device = self.device();
-            let p = sequences.iter().map(Vec::len).max().unwrap_or(0);
-            if sequences.iter().any(Vec::is_empty) {
-                return Err(Error::Request { reason: "an empty sequence has no logits".into() });
-            }
-            let pad = self.pad_id();
-            let rows: Vec<Vec<i64>> = sequences
-                .iter()
-                .map(|s| std::iter::repeat_n(pad, p - s.len()).chain(s.iter().copied()).collect())
-                .collect();
-            let valid: Vec<bool> = sequences.iter().flat_map(|s| (0..p).map(move |j| j >= p - s.len())).collect();
-            let key_valid = Tensor::from_slice(&valid).view([sequences.len() as i64, p as i64]).to_device(device);
-            let positions = (key_valid.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
-            let slots: Vec<Option<usize>> = (0..sequences.len())
-                .map(|i| adapters.get(i).cloned().flatten().map(|n| self.adapter_slot(&n)).transpose())
-                .collect::<Result<_>>()?;
-            let route = Route::new(&slots, device, None);
-            let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, self.kind());
-            let padded = sequences.iter().any(|s| s.len() < p);
-            let pass = Pass {
-                cos,
-                sin,
-                mask: padded.then(|| prefill_mask(&key_valid)),
-                causal: true,
-                cache: CacheStep::None,
-                route: &route,
-                packed: false,
-            };
-            Ok(self.lm.hidden(&self.ids_tensor(&rows), &pass))
-        })
+        tch::no_grad(|| self.padded_hidden_trained(sequences, adapters, None))
+    }
+
+    /// [`LanguageModel::padded_hidden`] with gradients, to train the adapters it passes
+    /// through; their dropout draws from streams keyed by `dropout_seed`, if set.
+    pub(crate) fn padded_hidden_trained(
+        &mut self,
+        sequences: &[Vec<i64>],
+        adapters: &[Option<String>],
+        dropout_seed: Option<u64>,
+    ) -> Result<Tensor> {
+        let device = self.device();
+        let p = sequences.iter().map(Vec::len).max().unwrap_or(0);
+        if sequences.iter().any(Vec::is_empty) {
+            return Err(Error::Request { reason: "an empty sequence has no logits".into() });
+        }
+        let pad = self.pad_id();
+        let rows: Vec<Vec<i64>> = sequences
+            .iter()
+            .map(|s| std::iter::repeat_n(pad, p - s.len()).chain(s.iter().copied()).collect())
+            .collect();
+        let valid: Vec<bool> = sequences.iter().flat_map(|s| (0..p).map(move |j| j >= p - s.len())).collect();
+        let key_valid = Tensor::from_slice(&valid).view([sequences.len() as i64, p as i64]).to_device(device);
+        let positions = (key_valid.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0);
+        let slots: Vec<Option<usize>> = (0..sequences.len())
+            .map(|i| adapters.get(i).cloned().flatten().map(|n| self.adapter_slot(&n)).transpose())
+            .collect::<Result<_>>()?;
+        let route = Route::new(&slots, device, dropout_seed);
+        let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, self.kind());
+        let padded = sequences.iter().any(|s| s.len() < p);
+        let pass = Pass {
+            cos,
+            sin,
+            mask: padded.then(|| prefill_mask(&key_valid)),
+            causal: true,
+            cache: CacheStep::None,
+            route: &route,
+            packed: false,
+        };
+        Ok(self.lm.hidden(&self.ids_tensor(&rows), &pass))
     }
 }
 

@@ -255,11 +255,14 @@ fn a_fork_warm_starts_its_critics_on_the_returns_of_the_sources_stored_rollouts(
 }
 
 #[test]
-fn a_separate_critic_model_values_the_turns_on_its_own_trunk_and_its_heads_go_with_the_policy() {
+fn a_separate_critic_model_values_the_turns_on_its_own_trunk_trains_it_and_its_heads_go_with_the_policy() {
     let dir = tempfile::tempdir().unwrap();
     let critic_model = crate::support::fixture("hf-tiny-llama");
     let critic = |model: &Path| {
-        format!("{{sees: own, lambda: 0.8, epochs: 2, mini_batch_sequences: 4, model: {}}}", model.display())
+        format!(
+            "{{sees: own, lambda: 0.8, epochs: 2, mini_batch_sequences: 4, model: {}, lora: {{rank: 4}}}}",
+            model.display()
+        )
     };
     let (shared, separate) = (dir.path().join("shared"), dir.path().join("separate"));
     let file = ppo_run(&shared, "own", "0.8").set("iterations", "1").write(&dir.path().join("shared.yaml"));
@@ -289,6 +292,13 @@ fn a_separate_critic_model_values_the_turns_on_its_own_trunk_and_its_heads_go_wi
         })
         .collect();
     assert_eq!(heads.len(), 2, "{heads:?}");
+    // With critic.lora the critic model's trunk trains with the heads: an adapter per
+    // agent beside its head, and the next iteration's values read it.
+    let adapters = crate::support::files_under(&separate.join("checkpoints"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/v000002.") && p.to_string_lossy().ends_with(".lora.safetensors"))
+        .count();
+    assert_eq!(adapters, 2);
 
     // A critic model that tokenizes otherwise (here: the same tokenizer written out
     // differently) is refused before a forward; the committed rollout stays.

@@ -16,7 +16,7 @@ use std::time::Instant;
 use crate::algo::AlgorithmConfig;
 use crate::algo::critic::{Estimates, Whitening, episode_gae, episode_rewards};
 use crate::config::RunConfig;
-use crate::critic::{CRITIC_DIR, CriticConfig, Critics, ValuesAt, episodes, features, inputs as critic_inputs, steps};
+use crate::critic::{CRITIC_DIR, CriticConfig, Critics, Trunk, ValuesAt, episodes, inputs as critic_inputs, steps};
 use crate::policies;
 use crate::store::{CommitInfo, CommitMarker, InputRef, RunStore, Stage, StageId, StoredMarker};
 use crate::tables::{SampleRow, TurnRow};
@@ -85,15 +85,15 @@ async fn values(
         }
         let (model, adapter) = critic_trunk(&mut separate, &mut loaded, name);
         let agents: Vec<&str> = by_agent.keys().copied().collect();
-        let width = model.config().hidden_size as i64;
-        let critics = Critics::load(saved.as_deref(), &agents, width, config.seed, model.device())?;
-        let budget = config.update.micro_batch_tokens as usize;
+        let critics = Critics::load(model, saved.as_deref(), &agents, critic, config.seed)?;
         let adapter = adapter.map(str::to_owned);
+        let max_tokens = config.update.micro_batch_tokens as usize;
+        let mut trunk = Trunk { model, adapter: adapter.as_deref(), max_tokens };
         for (agent, rows) in by_agent {
             let agent_inputs: Vec<_> =
                 rows.iter().map(|r| inputs.remove(&r.candidate_id).expect("every turn has an input")).collect();
-            let x = tokio::task::block_in_place(|| features(model, adapter.as_deref(), &agent_inputs, budget))?;
-            let mut flat = critics.values(agent, &x).into_iter();
+            let flat = tokio::task::block_in_place(|| critics.values(&mut trunk, agent, &agent_inputs))?;
+            let mut flat = flat.into_iter();
             for (row, input) in rows.iter().zip(&agent_inputs) {
                 values.insert(row.candidate_id.clone(), flat.by_ref().take(input.positions).collect());
             }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::config::RunConfig;
-use crate::critic::{CriticConfig, CriticInput, Critics, FitSet, FitStep, features};
+use crate::critic::{CriticConfig, CriticInput, Critics, FitSet, FitStep, Trunk};
 use crate::model::LanguageModel;
 use crate::rng::{Key, name_key, stream};
 use crate::tables::UpdateRow;
@@ -42,27 +42,25 @@ pub(super) fn fit(
     iteration: u32,
 ) -> Result<Fitted, crate::stages::Error> {
     let agents = config.agents_of(&set.name);
-    let width = model.config().hidden_size as i64;
-    let mut critics = Critics::load(saved, &agents, width, config.seed, model.device())?;
+    let mut critics = Critics::load(model, saved, &agents, critic, config.seed)?;
+    let mut trunk = Trunk { model, adapter, max_tokens: config.update.micro_batch_tokens as usize };
     let mut rows = Vec::new();
     for agent in agents {
         let mine: Vec<_> = set.sequences.iter().filter(|s| s.agent == agent).collect();
         if mine.is_empty() {
             continue;
         }
-        let (mut old, mut targets, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut old, mut targets) = (Vec::new(), Vec::new());
         for s in &mine {
             let (values, value_targets) = values_of(s, inputs[&s.candidate_id].positions)?;
-            positions.push(values.len());
             old.extend(values);
             targets.extend(value_targets);
         }
         let started = Instant::now();
         let agent_inputs: Vec<CriticInput> = mine.iter().map(|s| inputs[&s.candidate_id].clone()).collect();
-        let x = features(model, adapter, &agent_inputs, config.update.micro_batch_tokens as usize)?;
         let seed = stream(&[config.seed, Key::CRITIC, u64::from(iteration), name_key(agent)]);
-        let fit_set = FitSet { features: &x, old_values: &old, targets: &targets, positions: &positions };
-        let steps = critics.fit(agent, &fit_set, critic, config.update.grad_clip, seed)?;
+        let fit_set = FitSet { inputs: &agent_inputs, old_values: &old, targets: &targets };
+        let steps = critics.fit(&mut trunk, agent, &fit_set, critic, config.update.grad_clip, seed)?;
         let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
         rows.extend(steps.into_iter().map(|step| row(&set.name, set.current.version, step, seconds)));
     }

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::config::{ForkConfig, RunConfig};
-use crate::critic::{CriticConfig, CriticInput, CriticWarmStart, Critics, FitSet, features, inputs, returns};
+use crate::critic::{CriticConfig, CriticInput, CriticWarmStart, Critics, FitSet, Trunk, inputs, returns};
 use crate::model::LanguageModel;
 use crate::play::RolloutMode;
 use crate::rng::{Key, name_key, stream};
@@ -75,8 +75,8 @@ pub(super) fn fit(
     version: u32,
 ) -> Result<(Critics, Vec<UpdateRow>), crate::stages::Error> {
     let agents = config.agents_of(name);
-    let width = model.config().hidden_size as i64;
-    let mut critics = Critics::load(saved, &agents, width, config.seed, model.device())?;
+    let mut critics = Critics::load(model, saved, &agents, critic, config.seed)?;
+    let mut trunk = Trunk { model, adapter, max_tokens: config.update.micro_batch_tokens as usize };
     // Fitted from afresh, not kept near a critic's earlier values: no clip.
     let fit_config = CriticConfig { epochs: warm_start.epochs, value_clip: f64::INFINITY, ..critic.clone() };
     let mut rows = Vec::new();
@@ -87,18 +87,16 @@ pub(super) fn fit(
         }
         let started = Instant::now();
         let agent_inputs: Vec<CriticInput> = mine.iter().map(|t| data.inputs[&t.candidate_id].clone()).collect();
-        let x = features(model, adapter, &agent_inputs, config.update.micro_batch_tokens as usize)?;
-        let old = critics.values(agent, &x);
+        let old = critics.values(&mut trunk, agent, &agent_inputs)?;
         // Every position of a turn has its return: γ is 1 between a reply's tokens.
-        let positions: Vec<usize> = agent_inputs.iter().map(|i| i.positions).collect();
         let targets: Vec<f64> = mine
             .iter()
-            .zip(&positions)
-            .flat_map(|(t, &n)| std::iter::repeat_n(data.returns[&t.candidate_id], n))
+            .zip(&agent_inputs)
+            .flat_map(|(t, input)| std::iter::repeat_n(data.returns[&t.candidate_id], input.positions))
             .collect();
-        let set = FitSet { features: &x, old_values: &old, targets: &targets, positions: &positions };
+        let set = FitSet { inputs: &agent_inputs, old_values: &old, targets: &targets };
         let seed = stream(&[config.seed, Key::CRITIC, u64::from(version), name_key(agent), Key::INIT]);
-        let steps = critics.fit(agent, &set, &fit_config, config.update.grad_clip, seed)?;
+        let steps = critics.fit(&mut trunk, agent, &set, &fit_config, config.update.grad_clip, seed)?;
         let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
         rows.extend(
             steps.into_iter().map(|step| UpdateRow { version_to: version, ..row(name, version, step, seconds) }),
