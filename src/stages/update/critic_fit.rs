@@ -1,6 +1,7 @@
 //! The critic's part of a PPO update: each agent's value head fitted to its samples' GAE
-//! targets on the features of the policy's new trunk, then saved into the new version's
-//! checkpoint beside the policy.
+//! targets on the features of the policy's new trunk (or of the critic model, trained
+//! with the head under `critic.lora`), then saved into the new version's checkpoint
+//! beside the policy.
 //!
 //! The features are taken after the policy's steps, from the weights version k+1 holds:
 //! those the next iteration's values are computed on. The clip is against the values the
