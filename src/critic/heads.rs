@@ -240,9 +240,8 @@ impl Critics {
         for (agent, critic) in &self.heads {
             critic.head.save(&dir.join(head_file(agent)))?;
             if let Some(adapter) = &critic.adapter {
-                let mut tensors: Vec<(String, Tensor)> =
+                let tensors: Vec<(String, Tensor)> =
                     adapter.weights.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
-                tensors.sort_by(|a, b| a.0.cmp(&b.0));
                 write_safetensors(&dir.join(adapter_file(agent)), &tensors)?;
             }
             if let Some(state) = &critic.state {
