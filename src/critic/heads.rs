@@ -48,10 +48,12 @@ pub struct Trunk<'a> {
 /// What a head is fitted on: the critic inputs of its samples, the values the critic
 /// gave their valued positions when they were sampled, and their value targets, the
 /// positions of input i in order (one for a turn valued once, one per reply token).
+/// Without old values the loss is not clipped: the head is fitted afresh, not held near
+/// what it predicted before (the warm start), and nothing needs forwarding to know them.
 #[derive(Clone, Copy)]
 pub struct FitSet<'a> {
     pub inputs: &'a [CriticInput],
-    pub old_values: &'a [f64],
+    pub old_values: Option<&'a [f64]>,
     pub targets: &'a [f64],
 }
 
@@ -168,7 +170,8 @@ impl Critics {
     ) -> Result<Vec<FitStep>> {
         let FitSet { inputs, old_values: old, targets } = *set;
         let positions: Vec<usize> = inputs.iter().map(|i| i.positions).collect();
-        assert_eq!(positions.iter().sum::<usize>(), old.len(), "positions for every value");
+        assert_eq!(positions.iter().sum::<usize>(), targets.len(), "positions for every target");
+        assert!(old.is_none_or(|old| old.len() == targets.len()), "an old value for every target");
         let critic = self.heads.get_mut(agent).unwrap_or_else(|| panic!("no value head was loaded for agent {agent}"));
         let mut weights = critic.head.var_store().variables();
         let reads = match &critic.adapter {
@@ -282,7 +285,7 @@ fn head_values(head: &ValueHead, features: &Tensor) -> Vec<f64> {
 /// its predictions kept (in the pieces' order) for the step's statistics.
 struct StepLoss<'a> {
     positions: usize,
-    all_old: &'a [f64],
+    all_old: Option<&'a [f64]>,
     all_targets: &'a [f64],
     clip: f64,
     loss: f64,
@@ -292,7 +295,7 @@ struct StepLoss<'a> {
 }
 
 impl<'a> StepLoss<'a> {
-    fn new(positions: usize, old: &'a [f64], targets: &'a [f64], config: &CriticConfig) -> StepLoss<'a> {
+    fn new(positions: usize, old: Option<&'a [f64]>, targets: &'a [f64], config: &CriticConfig) -> StepLoss<'a> {
         StepLoss {
             positions,
             all_old: old,
@@ -307,19 +310,27 @@ impl<'a> StepLoss<'a> {
 
     /// Backpropagates the piece whose predictions for the positions `rows` are `predicted`.
     fn backward(&mut self, predicted: &Tensor, rows: &[usize]) {
-        let device = predicted.device();
-        let column = |xs: &[f64]| {
-            let picked: Vec<f32> = rows.iter().map(|&i| xs[i] as f32).collect();
-            Tensor::from_slice(&picked).to_device(device)
-        };
+        let column = |xs: &[f64]| Tensor::from_slice(&xs.iter().map(|&x| x as f32).collect::<Vec<f32>>());
         let share = rows.len() as f64 / self.positions as f64;
-        let loss =
-            clipped_value_loss_tensor(predicted, &column(self.all_old), &column(self.all_targets), self.clip) * share;
+        let values = Vec::<f64>::try_from(predicted.detach().to_kind(Kind::Double)).expect("floats");
+        // Without old values a prediction is its own anchor: the clip never binds.
+        let old: Vec<f64> = match self.all_old {
+            Some(all) => rows.iter().map(|&i| all[i]).collect(),
+            None => values.clone(),
+        };
+        let targets: Vec<f64> = rows.iter().map(|&i| self.all_targets[i]).collect();
+        let device = predicted.device();
+        let loss = clipped_value_loss_tensor(
+            predicted,
+            &column(&old).to_device(device),
+            &column(&targets).to_device(device),
+            self.clip,
+        ) * share;
         loss.backward();
         self.loss += loss.double_value(&[]);
-        self.predicted.extend(Vec::<f64>::try_from(predicted.detach().to_kind(Kind::Double)).expect("floats"));
-        self.old.extend(rows.iter().map(|&i| self.all_old[i]));
-        self.targets.extend(rows.iter().map(|&i| self.all_targets[i]));
+        self.predicted.extend(values);
+        self.old.extend(old);
+        self.targets.extend(targets);
     }
 }
 
@@ -455,7 +466,7 @@ mod tests {
         let targets: Vec<f64> = (0..8).map(|i| f64::from(i % 2)).collect();
         let mut trunk = Trunk { model: &mut model, adapter: None, max_tokens: 8 };
         let old = critics.values(&mut trunk, "a", &inputs).unwrap();
-        let set = FitSet { inputs: &inputs, old_values: &old, targets: &targets };
+        let set = FitSet { inputs: &inputs, old_values: Some(&old), targets: &targets };
         let steps = critics.fit(&mut trunk, "a", &set, &config, 1.0, 9).unwrap();
         assert_eq!(steps.len(), 120);
         let (first, last) = (&steps[0], &steps[119]);
@@ -475,6 +486,33 @@ mod tests {
         let fresh = Critics::load(trunk.model, None, &["a", "b"], &config, 3).unwrap();
         assert_eq!(fresh.values(&mut trunk, "a", &inputs).unwrap(), old);
         assert_ne!(fresh.values(&mut trunk, "b", &inputs).unwrap(), old);
+    }
+
+    #[test]
+    fn without_old_values_the_fit_is_the_unclipped_one() {
+        let mut model = LanguageModel::load(&fixture("hf-tiny-qwen3"), &LoadOptions::default()).unwrap();
+        let inputs: Vec<CriticInput> =
+            (0..6).map(|i| CriticInput { ids: (1..(3 + i % 3)).collect(), positions: 1 }).collect();
+        let targets: Vec<f64> = (0..6).map(|i| 3.0 * f64::from(i % 2)).collect();
+        let mut trunk = Trunk { model: &mut model, adapter: None, max_tokens: 100 };
+        let fit = |trunk: &mut Trunk, old: Option<&[f64]>, clip: f64| {
+            let config = CriticConfig { epochs: 3, mini_batch_sequences: 2, value_clip: clip, ..Default::default() };
+            let mut critics = Critics::load(trunk.model, None, &["a"], &config, 3).unwrap();
+            let set = FitSet { inputs: &inputs, old_values: old, targets: &targets };
+            let steps = critics.fit(trunk, "a", &set, &config, 1.0, 9).unwrap();
+            (steps, critics.values(trunk, "a", &inputs).unwrap())
+        };
+        let fresh = Critics::load(trunk.model, None, &["a"], &CriticConfig::default(), 3).unwrap();
+        let old = fresh.values(&mut trunk, "a", &inputs).unwrap();
+        let (unclipped, unclipped_values) = fit(&mut trunk, Some(&old), f64::INFINITY);
+        let (without, without_values) = fit(&mut trunk, None, 0.01);
+        assert_eq!(without_values, unclipped_values);
+        assert!(without.iter().all(|s| s.clip_fraction == 0.0), "{without:?}");
+        // The clip binds where old values are given: the same targets, another fit.
+        let (clipped, clipped_values) = fit(&mut trunk, Some(&old), 0.01);
+        assert!(clipped.iter().any(|s| s.clip_fraction > 0.0), "{clipped:?}");
+        assert_ne!(clipped_values, unclipped_values);
+        assert_eq!(without.len(), unclipped.len());
     }
 
     fn lora_critic() -> CriticConfig {
@@ -503,7 +541,7 @@ mod tests {
         let mut trunk = Trunk { model: &mut whole, adapter: None, max_tokens: 1000 };
         let old = critics.values(&mut trunk, "a", &inputs).unwrap();
         assert!(old.iter().zip(&frozen_values).all(|(a, b)| (a - b).abs() < 1e-6), "{old:?} {frozen_values:?}");
-        let set = FitSet { inputs: &inputs, old_values: &old, targets: &targets };
+        let set = FitSet { inputs: &inputs, old_values: Some(&old), targets: &targets };
         let step = critics.fit(&mut trunk, "a", &set, &config, 1.0, 9).unwrap().remove(0);
 
         // The same step forwarded in pieces of at most 8 padded tokens: the same loss and move.

@@ -60,7 +60,7 @@ pub(super) fn fit(
         let started = Instant::now();
         let agent_inputs: Vec<CriticInput> = mine.iter().map(|s| inputs[&s.candidate_id].clone()).collect();
         let seed = stream(&[config.seed, Key::CRITIC, u64::from(iteration), name_key(agent)]);
-        let fit_set = FitSet { inputs: &agent_inputs, old_values: &old, targets: &targets };
+        let fit_set = FitSet { inputs: &agent_inputs, old_values: Some(&old), targets: &targets };
         let steps = critics.fit(&mut trunk, agent, &fit_set, critic, config.update.grad_clip, seed)?;
         let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
         rows.extend(steps.into_iter().map(|step| row(&set.name, set.current.version, step, seconds)));

@@ -77,8 +77,7 @@ pub(super) fn fit(
     let agents = config.agents_of(name);
     let mut critics = Critics::load(model, saved, &agents, critic, config.seed)?;
     let mut trunk = Trunk { model, adapter, max_tokens: config.update.micro_batch_tokens as usize };
-    // Fitted from afresh, not kept near a critic's earlier values: no clip.
-    let fit_config = CriticConfig { epochs: warm_start.epochs, value_clip: f64::INFINITY, ..critic.clone() };
+    let fit_config = CriticConfig { epochs: warm_start.epochs, ..critic.clone() };
     let mut rows = Vec::new();
     for agent in agents {
         let mine: Vec<&TurnRow> = data.turns.iter().filter(|t| t.agent == agent).collect();
@@ -87,14 +86,14 @@ pub(super) fn fit(
         }
         let started = Instant::now();
         let agent_inputs: Vec<CriticInput> = mine.iter().map(|t| data.inputs[&t.candidate_id].clone()).collect();
-        let old = critics.values(&mut trunk, agent, &agent_inputs)?;
         // Every position of a turn has its return: γ is 1 between a reply's tokens.
         let targets: Vec<f64> = mine
             .iter()
             .zip(&agent_inputs)
             .flat_map(|(t, input)| std::iter::repeat_n(data.returns[&t.candidate_id], input.positions))
             .collect();
-        let set = FitSet { inputs: &agent_inputs, old_values: &old, targets: &targets };
+        // Fitted afresh, not held near the fresh head's values: no old values, no clip.
+        let set = FitSet { inputs: &agent_inputs, old_values: None, targets: &targets };
         let seed = stream(&[config.seed, Key::CRITIC, u64::from(version), name_key(agent), Key::INIT]);
         let steps = critics.fit(&mut trunk, agent, &set, &fit_config, config.update.grad_clip, seed)?;
         let seconds = started.elapsed().as_secs_f64() / steps.len().max(1) as f64;
