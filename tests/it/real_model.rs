@@ -120,7 +120,13 @@ fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
     let store = run_shipped(
         dir.path(),
         "code-lora.yaml",
-        &["iterations=1", "rollout.sampling.max_new_tokens=96", "evaluation.sampling.max_new_tokens=96"],
+        // Evaluated once, after the update: Qwen2.5-Coder's evaluations are most of its time.
+        &[
+            "iterations=1",
+            "evaluation.at_start=false",
+            "rollout.sampling.max_new_tokens=96",
+            "evaluation.sampling.max_new_tokens=96",
+        ],
     );
     assert_on_policy_and_trained(&store, 1, &[("coder", "coder"), ("tester", "tester")]);
     // The coder's programs ran on the hidden tests in the sandbox: each got a verdict.
@@ -128,7 +134,7 @@ fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
     assert_eq!(judged, ["4"]);
     // Each adapter in its own role and swapped into the other's.
     let evaluated = sql_rows(&store, "SELECT iteration, mode, count(*) FROM evals GROUP BY 1, 2 ORDER BY 1, 2");
-    assert_eq!(evaluated, ["0,multi_agent,2", "0,swapped,2", "1,multi_agent,2", "1,swapped,2"]);
+    assert_eq!(evaluated, ["1,multi_agent,2", "1,swapped,2"]);
 }
 
 #[test]
