@@ -117,6 +117,9 @@ pub struct TurnRow {
     pub failure: Option<String>,
     /// What the candidate's group compares it on (`algo::credit`).
     pub credited_reward: Option<f64>,
+    /// The version its iteration's update trains minus `policy_version` (0 strictly
+    /// on-policy; at most `rollout.max_staleness`). None in runs made before the column existed.
+    pub staleness: Option<u32>,
 }
 impl Row for TurnRow {
     const TABLE: Table = Table::Turns;
@@ -196,6 +199,12 @@ pub struct UpdateRow {
     /// A critic step's agent, and its head's explained variance.
     pub agent: Option<String>,
     pub explained_variance: Option<f64>,
+    /// The step's samples an older version sampled (`rollout.max_staleness`), their
+    /// logprob drift and mismatch (the drift and mismatch columns above are the others').
+    /// None unless rollouts may be stale, and in runs made before the columns existed.
+    pub stale_sequences: Option<u32>,
+    pub stale_logprob_drift_mean: Option<f64>,
+    pub stale_mismatch_fraction: Option<f64>,
 }
 impl Row for UpdateRow {
     const TABLE: Table = Table::Updates;
@@ -212,6 +221,8 @@ pub struct LogprobGapRow {
     pub gap_mean: f64,
     pub gap_max: f64,
     pub log_ratio_mean: f64,
+    /// How many versions behind `version` sampled it; None in runs made before the column existed.
+    pub staleness: Option<u32>,
 }
 impl Row for LogprobGapRow {
     const TABLE: Table = Table::LogprobGaps;
@@ -429,6 +440,7 @@ mod tests {
             generation_seconds: 0.5,
             failure: None,
             credited_reward: Some(2.5),
+            staleness: Some(0),
         };
         let batch = to_batch(std::slice::from_ref(&row)).unwrap();
         assert_eq!(from_batch::<TurnRow>(&batch).unwrap(), vec![row]);

@@ -268,6 +268,13 @@ pub struct PipelineRunArgs {
     /// every rollout and evaluation; worker 0 runs the other stages while the rest wait.
     #[arg(long, value_name = "I/N", value_parser = parse_shard, conflicts_with = "ranks")]
     pub worker: Option<petting::store::Shard>,
+    /// Run only one lane of the run's stages, each once what it needs is committed:
+    /// train (prepare-data, group, advantage, update), sample (rollout and evaluate),
+    /// rollout or evaluate. A run with rollout.max_staleness or evaluation.beside starts
+    /// its other lanes by itself; give --lane to run each in its own place (another
+    /// machine, a `taskset`).
+    #[arg(long, value_name = "LANE", conflicts_with_all = ["worker", "ranks"])]
+    pub lane: Option<petting::pipeline::Lane>,
     #[command(flatten)]
     pub ranks: RankArgs,
 }

@@ -7,6 +7,7 @@ mod exit;
 mod export;
 mod gc;
 mod init;
+mod lanes;
 mod model;
 mod pipeline;
 mod progress;

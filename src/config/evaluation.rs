@@ -33,6 +33,10 @@ pub struct EvaluationConfig {
     pub kv_cache_gib: Option<f64>,
     /// Who samples, as `rollout.engine`.
     pub engine: EngineKind,
+    /// Play each evaluation in a process of its own beside the rollout that samples with
+    /// the same version (`pipeline run` starts it), instead of before that rollout.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub beside: bool,
 }
 
 impl Default for EvaluationConfig {
@@ -48,6 +52,7 @@ impl Default for EvaluationConfig {
             overlong_prompt: OverlongPrompt::Error,
             kv_cache_gib: None,
             engine: EngineKind::Tch,
+            beside: false,
         }
     }
 }

@@ -432,6 +432,10 @@ fn absolute(path: &Path) -> PathBuf {
     crate::store::absolute_path(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// The truncated importance weights' cap when rollouts may be stale and the run file sets
+/// none (verl's and AReaL's default).
+pub const STALE_IMPORTANCE_CAP: f64 = 2.0;
+
 impl RunConfig {
     /// The agents `policy` plays, in name order.
     pub fn agents_of(&self, policy: &str) -> Vec<&str> {
@@ -441,6 +445,22 @@ impl RunConfig {
     /// The first iteration the run trains: 0, or the iteration it was forked from.
     pub fn first_iteration(&self) -> u32 {
         self.fork.as_ref().map_or(0, |f| f.iteration)
+    }
+
+    /// The version of every policy iteration `k`'s rollout samples with: k itself
+    /// strictly on-policy, else `rollout.max_staleness` behind it (never before the
+    /// first). A rule of the config, not of timing, so a rerun or a resume samples with
+    /// the very version the first attempt did.
+    pub fn sampled_version(&self, k: u32) -> u32 {
+        k.saturating_sub(self.rollout.max_staleness).max(self.first_iteration())
+    }
+
+    /// The cap of the truncated importance weights π_trainer / π_sampler: the run file's,
+    /// else, when rollouts may be stale, [`STALE_IMPORTANCE_CAP`] (a stale sample's
+    /// sampler is an older policy, and the weights correct for it).
+    pub fn importance_cap(&self) -> Option<f64> {
+        let stale = self.rollout.max_staleness > 0;
+        self.update.truncated_importance_ratio.or(stale.then_some(STALE_IMPORTANCE_CAP))
     }
 
     /// The agents of the run: the workflow's, or a hosted environment's (a TextArena

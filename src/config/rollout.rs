@@ -38,6 +38,15 @@ pub struct RolloutConfig {
     pub kv_cache_gib: Option<f64>,
     /// Who samples: tch (petting's own sampler) or vllm (the server of `vllm:`).
     pub engine: EngineKind,
+    /// How many versions behind the one its update trains a rollout may sample with (s):
+    /// iteration k samples with version max(k − s, the first), so rollout k needs only
+    /// update k − s − 1 and runs while the updates between train. 0: strictly on-policy.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub max_staleness: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// K when the run file does not say.
@@ -56,6 +65,7 @@ impl Default for RolloutConfig {
             overlong_prompt: OverlongPrompt::Error,
             kv_cache_gib: None,
             engine: EngineKind::Tch,
+            max_staleness: 0,
         }
     }
 }

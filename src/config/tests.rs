@@ -222,6 +222,33 @@ fn the_hash_ignores_formatting_but_not_settings() {
 }
 
 #[test]
+fn overlap_settings_at_their_defaults_leave_the_hash_of_an_existing_run_unchanged() {
+    // A run committed before rollout.max_staleness and evaluation.beside existed must
+    // resume without a config change: their defaults are not serialised.
+    let before = parse_str(MINIMAL).unwrap();
+    let defaults =
+        parse_str(&format!("{MINIMAL}rollout: {{max_staleness: 0}}\nevaluation: {{beside: false}}\n")).unwrap();
+    assert_eq!(before.sha256(), defaults.sha256());
+    let json = serde_json::to_string(&before).unwrap();
+    assert!(!json.contains("max_staleness") && !json.contains("beside"), "{json}");
+    let stale = parse_str(&format!("{MINIMAL}rollout: {{max_staleness: 1}}\n")).unwrap();
+    assert_ne!(before.sha256(), stale.sha256());
+    assert_eq!((stale.sampled_version(0), stale.sampled_version(1), stale.sampled_version(3)), (0, 0, 2));
+    assert_eq!(stale.importance_cap(), Some(STALE_IMPORTANCE_CAP), "stale samples are importance-weighted");
+    assert_eq!(before.importance_cap(), None);
+}
+
+#[test]
+fn retention_keeps_every_version_a_stale_rollout_may_sample_with() {
+    let with = |keep_last: u32| {
+        format!("{MINIMAL}rollout: {{max_staleness: 2}}\nretention: {{keep_last: {keep_last}, weights: true}}\n")
+    };
+    let message = parse_str(&with(2)).unwrap_err().to_string();
+    assert!(message.contains("retention.keep_last") && message.contains("keep at least 3"), "{message}");
+    parse_str(&with(3)).unwrap();
+}
+
+#[test]
 fn recompute_activations_is_true_false_or_auto() {
     assert_eq!(parse_str(MINIMAL).unwrap().update.recompute_activations, Recompute::Auto);
     for (written, expected) in [("true", Recompute::On), ("false", Recompute::Off), ("auto", Recompute::Auto)] {

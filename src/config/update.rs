@@ -26,7 +26,8 @@ pub struct UpdateConfig {
     /// more means the weights or the sampler are wrong, and the update refuses.
     pub max_logprob_drift: f64,
     /// Correct the engine-vs-trainer mismatch with truncated importance weights: each
-    /// token's loss weighted by min(π_trainer / π_engine, this cap), e.g. 2.0. Unset: none.
+    /// token's loss weighted by min(π_trainer / π_engine, this cap), e.g. 2.0. Unset: none,
+    /// or 2.0 when rollout.max_staleness lets an older version sample.
     pub truncated_importance_ratio: Option<f64>,
     /// With ranks, each keeps 1/N of AdamW's state (moments and float32 masters), steps
     /// only its share of the weights and gives them to the others (ZeRO-1): for a model

@@ -50,6 +50,17 @@ impl RunConfig {
         self.validate_training_rollout()?;
         if let Some(retention) = &self.retention {
             retention.validate("retention")?;
+            let staleness = self.rollout.max_staleness;
+            check(
+                !retention.weights || retention.keep_last > staleness,
+                "retention.keep_last",
+                format!(
+                    "is {}, but rollout.max_staleness {staleness} samples with versions up to {staleness} behind \
+                     the newest: keep at least {} whole",
+                    retention.keep_last,
+                    staleness + 1
+                ),
+            )?;
         }
         if let Some(fork) = &self.fork {
             check(!fork.from.trim().is_empty(), "fork.from", "is empty; give the source run's path or URL")?;

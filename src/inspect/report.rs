@@ -112,6 +112,28 @@ fn chart_specs() -> Vec<ChartSpec> {
     ]
 }
 
+/// Every commit as a span of seconds from the run's first start, with its lane.
+const SPANS: &str = "WITH spans AS (SELECT stage, iteration, \
+       CASE WHEN stage IN ('rollout', 'evaluate') THEN 'sample' ELSE 'train' END AS lane, \
+       (CAST(started_at AS BIGINT) - t0) / 1e6 AS start_s, (CAST(finished_at AS BIGINT) - t0) / 1e6 AS end_s \
+     FROM commits, (SELECT min(CAST(started_at AS BIGINT)) AS t0 FROM commits))";
+
+/// Seconds in which a sampling and a training stage ran at once (each lane runs one stage
+/// at a time, so the pairs' intersections do not overlap), and the run's span.
+const OVERLAP: &str = "SELECT round(coalesce(sum(greatest(0.0, least(s.end_s, t.end_s) - greatest(s.start_s, t.start_s))), 0), 1) \
+       AS beside_s, (SELECT round(max(end_s), 1) FROM spans) AS run_s \
+     FROM spans s JOIN spans t ON s.lane = 'sample' AND t.lane = 'train'";
+
+/// One row per iteration: when its rollout, its training steps and its evaluation ran.
+const TIME_LINE: &str = "SELECT iteration, \
+       round(min(CASE WHEN stage = 'rollout' THEN start_s END), 1) AS rollout_from, \
+       round(max(CASE WHEN stage = 'rollout' THEN end_s END), 1) AS rollout_to, \
+       round(min(CASE WHEN lane = 'train' THEN start_s END), 1) AS train_from, \
+       round(max(CASE WHEN lane = 'train' THEN end_s END), 1) AS train_to, \
+       round(min(CASE WHEN stage = 'evaluate' THEN start_s END), 1) AS evaluate_from, \
+       round(max(CASE WHEN stage = 'evaluate' THEN end_s END), 1) AS evaluate_to \
+     FROM spans WHERE iteration IS NOT NULL GROUP BY iteration ORDER BY iteration";
+
 /// How many groups the best and the worst tables list.
 const GROUPS_LISTED: usize = 5;
 
@@ -258,6 +280,24 @@ impl Page {
                      round(sum(model_seconds), 1) AS model_seconds, round(sum(sandbox_seconds), 1) AS sandbox_seconds \
                      FROM commits GROUP BY stage ORDER BY 3 DESC";
         let table = grid(sql, query).await?;
+        self.table(&table, |_, _| None, "Nothing is committed yet.");
+        self.time_line(sql).await
+    }
+
+    /// When each iteration sampled, trained and was evaluated, in seconds from the run's
+    /// first commit, and how long sampling and training ran at once (rollout.max_staleness,
+    /// evaluation.beside, or lanes run by hand).
+    async fn time_line(&mut self, sql: &RunSql) -> Result<(), Error> {
+        self.heading("Time line, seconds from the first stage's start");
+        let overlap = grid(sql, &format!("{SPANS} {OVERLAP}")).await?;
+        if let Some(row) = overlap.rows.first() {
+            self.paragraph(&format!(
+                "Sampling (rollouts, evaluations) ran beside training (group, advantage, update) for {} s \
+                 of the run's {} s.",
+                row[0], row[1]
+            ));
+        }
+        let table = grid(sql, &format!("{SPANS} {TIME_LINE}")).await?;
         self.table(&table, |_, _| None, "Nothing is committed yet.");
         Ok(())
     }

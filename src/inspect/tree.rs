@@ -176,6 +176,7 @@ pub(crate) mod tests {
             generation_seconds: 0.1,
             failure: None,
             credited_reward: None,
+            staleness: None,
         }
     }
 

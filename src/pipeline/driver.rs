@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::inputs;
+use super::{Lane, inputs, lanes};
 use crate::config::{self, ForkConfig, RunConfig};
 use crate::inspect::summary;
 use crate::policies;
@@ -84,6 +84,9 @@ pub struct Options {
     /// The ranks this process joined: each is a worker (rank r of N is worker r/N), and
     /// all run every update together, data-parallel.
     pub ranks: Option<Arc<Ranks>>,
+    /// Run only this lane's stages, each once what it needs is committed, while other
+    /// processes run the other lanes.
+    pub lane: Option<Lane>,
 }
 
 /// What happened, for the caller to report.
@@ -173,6 +176,9 @@ pub async fn run(
     progress: &dyn Progress,
     events: &mut dyn FnMut(Event),
 ) -> Result<(), Error> {
+    if let Some(lane) = options.lane {
+        return run_lane(opened, lane, options, progress, events).await;
+    }
     let Opened { store, config, pending } = opened;
     if pending.is_empty() {
         // Nothing left to run reads the committed files: check them, so a finished run
@@ -201,32 +207,82 @@ pub async fn run(
         if let Some(part) = part
             && store.marker(&part).await?.is_none()
         {
-            let stage_started = Instant::now();
-            let marker = super::run_stage(store, config, part, progress, &session)
-                .await
-                .map_err(|source| Error::StageFailed { stage: part, source: Box::new(source) })?;
-            crate::allocator::return_freed_memory();
-            events(Event::Committed {
-                stage: part,
-                marker: &marker,
-                seconds: stage_started.elapsed().as_secs_f64(),
-                elapsed: started.elapsed().as_secs_f64(),
-            });
-            if let (Stage::Update, Some(k), true) = (id.stage, id.iteration, leader) {
-                if let Some(retention) = &config.retention {
-                    let doomed = policies::doomed_files(&store.markers().await?, retention);
-                    let report = store.prune(&doomed, &retention.to_string(), false).await?;
-                    events(Event::Pruned { files: report.files.len(), bytes: report.bytes() });
-                }
-                let summary = summary::iteration(store, config.algorithm.alpha, k).await?;
-                events(Event::IterationDone { iteration: k, summary: &summary });
-            }
+            run_one(opened, part, leader, (progress, &session), started, events).await?;
         }
         if worker.is_some() {
-            super::wait_until_committed(store, id, Duration::from_millis(500)).await?;
+            super::wait_until_committed(store, id, Duration::from_millis(500), Duration::from_secs(10)).await?;
         }
     }
     events(Event::Finished { summary: &summary::run(store).await? });
+    Ok(())
+}
+
+/// Runs lane `lane`'s pending stages, each once what it needs is committed by whichever
+/// lane runs that; the train lane then waits for the run's last stage and reports it
+/// finished.
+async fn run_lane(
+    opened: &Opened,
+    lane: Lane,
+    options: &Options,
+    progress: &dyn Progress,
+    events: &mut dyn FnMut(Event),
+) -> Result<(), Error> {
+    let Opened { store, config, pending } = opened;
+    // A lane waits on stages that take seconds: it looks often, or the overlap is lost
+    // to the waits.
+    let (started, session) = (Instant::now(), Session::default());
+    let wait = |id| super::wait_until_committed(store, id, Duration::from_millis(100), Duration::from_secs(1));
+    for id in lanes::order(config, lane, pending) {
+        if options.until.as_deref() == Some(&stop_name(id)) {
+            events(Event::StoppedBefore(id));
+            return Ok(());
+        }
+        if let Some(need) = super::needs(config, id) {
+            wait(need).await?;
+        }
+        if store.marker(&id).await?.is_none() {
+            run_one(opened, id, true, (progress, &session), started, events).await?;
+        }
+    }
+    if lane == Lane::Train {
+        let last = *super::schedule(config).last().expect("a schedule ends with an evaluation");
+        wait(last).await?;
+        events(Event::Finished { summary: &summary::run(store).await? });
+    }
+    Ok(())
+}
+
+/// Runs stage `id` and reports its commit; after an update, the `leader` prunes what
+/// the retention drops and reports the iteration.
+async fn run_one(
+    opened: &Opened,
+    id: StageId,
+    leader: bool,
+    (progress, session): (&dyn Progress, &Session),
+    started: Instant,
+    events: &mut dyn FnMut(Event),
+) -> Result<(), Error> {
+    let Opened { store, config, .. } = opened;
+    let stage_started = Instant::now();
+    let marker = super::run_stage(store, config, id, progress, session)
+        .await
+        .map_err(|source| Error::StageFailed { stage: id, source: Box::new(source) })?;
+    crate::allocator::return_freed_memory();
+    events(Event::Committed {
+        stage: id,
+        marker: &marker,
+        seconds: stage_started.elapsed().as_secs_f64(),
+        elapsed: started.elapsed().as_secs_f64(),
+    });
+    if let (Stage::Update, Some(k), true) = (id.stage, id.iteration, leader) {
+        if let Some(retention) = &config.retention {
+            let doomed = policies::doomed_files(&store.markers().await?, retention);
+            let report = store.prune(&doomed, &retention.to_string(), false).await?;
+            events(Event::Pruned { files: report.files.len(), bytes: report.bytes() });
+        }
+        let summary = summary::iteration(store, config.algorithm.alpha, k).await?;
+        events(Event::IterationDone { iteration: k, summary: &summary });
+    }
     Ok(())
 }
 

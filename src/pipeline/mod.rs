@@ -20,6 +20,9 @@
 
 pub mod driver;
 pub mod inputs;
+pub mod lanes;
+
+pub use lanes::Lane;
 
 use std::time::Duration;
 
@@ -47,17 +50,19 @@ pub fn schedule(config: &RunConfig) -> Vec<StageId> {
     stages
 }
 
-/// The stage whose commit stage `id` needs before it can start: the policies' version for
-/// rollout and evaluate, the previous step within an iteration. The schedule is one
-/// order that respects these; an external scheduler may run more at once (evaluate k
-/// beside rollout k).
+/// The stage whose commit stage `id` needs before it can start: the update that committed
+/// the policies' version it samples with for rollout and evaluate, the previous step
+/// within an iteration. The schedule is one order that respects these; an external
+/// scheduler may run more at once (evaluate k beside rollout k; with
+/// `rollout.max_staleness` s, rollout k beside updates k − s … k − 1).
 pub fn needs(config: &RunConfig, id: StageId) -> Option<StageId> {
     let version =
-        |k: u32| if k == config.first_iteration() { INITIAL_UPDATE } else { StageId::at(Stage::Update, k - 1) };
+        |v: u32| if v == config.first_iteration() { INITIAL_UPDATE } else { StageId::at(Stage::Update, v - 1) };
     match (id.stage, id.iteration) {
         (Stage::PrepareData, _) => None,
         (Stage::Update, None) => Some(StageId::run_level(Stage::PrepareData)),
-        (Stage::Rollout | Stage::Evaluate, Some(k)) => Some(version(k)),
+        (Stage::Rollout, Some(k)) => Some(version(config.sampled_version(k))),
+        (Stage::Evaluate, Some(k)) => Some(version(k)),
         (Stage::Group, Some(k)) => Some(StageId::at(Stage::Rollout, k)),
         (Stage::Advantage, Some(k)) => Some(StageId::at(Stage::Group, k)),
         (Stage::Update, Some(k)) => Some(StageId::at(Stage::Advantage, k)),
@@ -114,12 +119,17 @@ pub fn worker_part(id: StageId, worker: Shard) -> Option<StageId> {
 }
 
 /// Waits until stage `id` is committed (every shard of it, when sharded), looking at the
-/// store every `poll` at first and every 10 s at most.
-pub async fn wait_until_committed(store: &RunStore, id: StageId, poll: Duration) -> Result<(), store::Error> {
+/// store every `poll` at first and every `longest` at most.
+pub async fn wait_until_committed(
+    store: &RunStore,
+    id: StageId,
+    poll: Duration,
+    longest: Duration,
+) -> Result<(), store::Error> {
     let mut delay = poll;
     while store.committed(id.stage, id.iteration).await?.is_none() {
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(10).max(poll));
+        delay = (delay * 2).min(longest.max(poll));
     }
     Ok(())
 }

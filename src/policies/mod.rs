@@ -70,11 +70,16 @@ pub enum Error {
     Cache { path: PathBuf, source: std::io::Error },
 
     #[error(
-        "policy {policy}: iteration {wanted} must sample with version {wanted}, but the latest committed \
-         checkpoint is {}; strict on-policy training refuses to sample with any other",
-        latest.map_or("none".to_string(), |v| format!("v{v}"))
+        "policy {policy}: iteration {iteration} samples with version {wanted}, but the latest committed \
+         checkpoint is {}; {}",
+        latest.map_or("none".to_string(), |v| format!("v{v}")),
+        if iteration == wanted {
+            "strict on-policy training refuses to sample with any other"
+        } else {
+            "its update would train on another rollout's samples"
+        }
     )]
-    StaleVersion { policy: String, wanted: u32, latest: Option<u32> },
+    StaleVersion { policy: String, iteration: u32, wanted: u32, latest: Option<u32> },
 }
 
 /// A committed full model that LoRA adapters of a policy are applied to.
@@ -85,22 +90,24 @@ pub struct BaseRef {
     pub weights_sha256: String,
 }
 
-/// Version `iteration` of every policy, refusing when it is not the latest: what
-/// iteration k's rollout samples with.
-pub async fn load_current(
+/// Version `version` of every policy, what iteration `iteration`'s rollout samples with
+/// (`RunConfig::sampled_version`): refused unless it is committed and no later version
+/// than `iteration` is (strictly on-policy, `version == iteration`: unless it is the latest).
+pub async fn load_for_rollout(
     store: &RunStore,
     configs: &BTreeMap<String, PolicyConfig>,
     iteration: u32,
+    version: u32,
     resident: &Resident,
 ) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
     for name in configs.keys() {
         let latest = latest_in(&markers, name).map(|r| r.version);
-        if latest != Some(iteration) {
-            return Err(Error::StaleVersion { policy: name.clone(), wanted: iteration, latest });
+        if !latest.is_some_and(|l| (version..=iteration).contains(&l)) {
+            return Err(Error::StaleVersion { policy: name.clone(), iteration, wanted: version, latest });
         }
     }
-    resident.take(store, configs, iteration).await
+    resident.take(store, configs, version).await
 }
 
 /// The latest committed version of `name` (its PolicyRef from the newest marker that

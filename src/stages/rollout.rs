@@ -1,6 +1,7 @@
 //! The rollout stage: iteration k's batch of training tasks (`tasks::batch`) played with
 //! version k of every policy (strictly: an older or newer latest checkpoint is refused),
-//! every candidate written to `turns`.
+//! or with `rollout.max_staleness` s, version k − s (`RunConfig::sampled_version`), every
+//! candidate written to `turns` with its staleness.
 //!
 //! Sharding (`--shard i/n`) plays the tasks whose position in the batch is i mod n; seeds
 //! are per task, so shards together write exactly the rows one unsharded rollout writes.
@@ -44,7 +45,8 @@ pub async fn run(
     let games = play::games(&config.env, &config.team(), &config.limits, &batch)?;
     // Agent programs import while the policies load.
     let started = games.start(&setup)?;
-    let mut loaded = policies::load_current(store, &config.policies, iteration, &session.policies).await?;
+    let version = config.sampled_version(iteration);
+    let mut loaded = policies::load_for_rollout(store, &config.policies, iteration, version, &session.policies).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
     let engine = session.engine(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded).await?;
@@ -56,7 +58,7 @@ pub async fn run(
         })
     })
     .map_err(|e| Error::from(e).out_of_memory_in(stage, None, MEMORY_KNOB))?;
-    let mut rows = turn_rows(config, &batch, &played, &loaded);
+    let mut rows = turn_rows(config, iteration, &batch, &played, &loaded);
     super::credit(&mut rows, &config.algorithm);
     check_rewards(stage, &rows, &config.limits)?;
     let info = CommitInfo {
@@ -100,7 +102,13 @@ fn setup(config: &RunConfig, iteration: u32) -> Setup {
     }
 }
 
-fn turn_rows(config: &RunConfig, batch: &[TaskRow], played: &Played, loaded: &LoadedPolicies) -> Vec<TurnRow> {
+fn turn_rows(
+    config: &RunConfig,
+    iteration: u32,
+    batch: &[TaskRow],
+    played: &Played,
+    loaded: &LoadedPolicies,
+) -> Vec<TurnRow> {
     let sampling = &config.rollout.sampling;
     let failures: HashMap<(usize, u32), &String> =
         played.finished.iter().filter_map(|f| Some(((f.task_index, f.episode), f.failure.as_ref()?))).collect();
@@ -109,6 +117,7 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], played: &Played, loaded: &Lo
         .iter()
         .map(|c| {
             let task_id = &batch[c.task_index].task_id;
+            let version = loaded.member(&c.policy).map_or(iteration, |m| m.version);
             let o = &c.outcome;
             TurnRow {
                 candidate_id: format!("{task_id}/e{}/t{}/{}/b{}", c.episode, c.turn, c.agent, c.branch),
@@ -147,6 +156,7 @@ fn turn_rows(config: &RunConfig, batch: &[TaskRow], played: &Played, loaded: &Lo
                 generation_seconds: c.reply.seconds,
                 failure: failures.get(&(c.task_index, c.episode)).map(|f| f.to_string()),
                 credited_reward: None,
+                staleness: Some(iteration - version),
             }
         })
         .collect()

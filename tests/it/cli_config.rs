@@ -81,6 +81,26 @@ fn pipeline_plan_prints_every_step_with_what_it_waits_for() {
     }
 }
 
+#[test]
+fn the_plan_of_a_stale_run_lets_each_rollout_wait_only_for_the_version_it_samples_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = GOOD
+        .replace("iterations: 1", "iterations: 4")
+        .replace("tasks_per_iteration: 4", "tasks_per_iteration: 4, max_staleness: 2");
+    let path = write(dir.path(), "stale.yaml", &text);
+    let (ok, stdout, stderr) = run(&["pipeline", "plan", &path, "--json"]);
+    assert!(ok, "{stderr}");
+    let steps: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let step = |name: &str| steps.iter().find(|s| s["step"] == name).unwrap_or_else(|| panic!("{name}: {stdout}"));
+    // Rollouts 0–2 sample with v0, rollout 3 with v1 (update 0); evaluations stay on-policy.
+    for (rollout, after) in [("rollout:0", "init"), ("rollout:2", "init"), ("rollout:3", "update:0")] {
+        assert_eq!(step(rollout)["after"], serde_json::json!([after]), "{rollout}");
+        assert_eq!(step(rollout)["lane"], "sample");
+    }
+    assert_eq!(step("evaluate:4")["after"], serde_json::json!(["update:3"]));
+    assert_eq!(step("update:3")["lane"], "train");
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();

@@ -16,6 +16,7 @@ mod hosted;
 mod independent_reader;
 mod libtorch;
 mod model;
+mod overlap;
 mod pipeline;
 mod real_model;
 mod scale_out;

@@ -454,11 +454,27 @@ fn runs_killed_at_random_moments_resume_to_the_same_tables() {
     let a = reference_run();
     let d = dir.path().join("d");
     let config_d = write_config(dir.path(), "d", &d, 5);
+    let kills = kill_at_random_moments(&config_d, 12);
+    pipeline(&config_d);
+    assert!(kills >= 2, "the run should have been interrupted several times ({kills})");
+    assert_eq!(content(&a), content(&d), "same seed, same tables, however often it was killed");
+    // The same weights and the same optimiser state in every version, too.
+    let checkpoints =
+        "select policy, version, weights_sha256, optimizer_sha256 from checkpoints order by policy, version";
+    assert_eq!(sql(&a, checkpoints), sql(&d, checkpoints));
+    assert_eq!(sql(&a, "select count(optimizer_sha256) as n from checkpoints"), "n\n4\n", "v1 and v2 of two policies");
+    let (ok, stdout, _) = run(&["verify", d.to_str().unwrap()]);
+    assert!(ok, "{stdout}");
+}
+
+/// Starts `pipeline run config` and kills it (SIGKILL) at pseudo-random moments, up to
+/// `most` times or until a run finishes first; returns how often it was killed.
+pub(crate) fn kill_at_random_moments(config: &str, most: u32) -> u32 {
     let mut delay_ms = 150u64;
     let mut kills = 0;
-    while kills < 12 {
+    while kills < most {
         let mut child = crate::support::petting()
-            .args(["pipeline", "run", &config_d])
+            .args(["pipeline", "run", config])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -472,16 +488,7 @@ fn runs_killed_at_random_moments_resume_to_the_same_tables() {
         kills += 1;
         delay_ms = 150 + (delay_ms * 7919 + 104_729) % 2500;
     }
-    pipeline(&config_d);
-    assert!(kills >= 2, "the run should have been interrupted several times ({kills})");
-    assert_eq!(content(&a), content(&d), "same seed, same tables, however often it was killed");
-    // The same weights and the same optimiser state in every version, too.
-    let checkpoints =
-        "select policy, version, weights_sha256, optimizer_sha256 from checkpoints order by policy, version";
-    assert_eq!(sql(&a, checkpoints), sql(&d, checkpoints));
-    assert_eq!(sql(&a, "select count(optimizer_sha256) as n from checkpoints"), "n\n4\n", "v1 and v2 of two policies");
-    let (ok, stdout, _) = run(&["verify", d.to_str().unwrap()]);
-    assert!(ok, "{stdout}");
+    kills
 }
 
 #[test]

@@ -186,6 +186,7 @@ fn turn(
         generation_seconds: 0.0,
         failure: None,
         credited_reward: None,
+        staleness: Some(0),
     }
 }
 

@@ -78,6 +78,7 @@ pub fn turn_rows(iteration: u32, rows: usize, seed: u64) -> Vec<TurnRow> {
                 generation_seconds: 0.25,
                 failure: None,
                 credited_reward: None,
+                staleness: Some(0),
             }
         })
         .collect()

@@ -1,7 +1,9 @@
 //! The strict on-policy checks of an update (DESIGN §3), all made before anything is
 //! written: the rollout's parts are this iteration's, the samples come from this
 //! rollout, the latest committed checkpoint of every policy is version k and is what the
-//! rollout sampled with, and every turns and samples row carries version k.
+//! rollout sampled with, and every turns and samples row carries version k. With
+//! `rollout.max_staleness` s, a row may carry any committed version from k − s to k, and
+//! the rollout's record and the row's weights digest must be that version's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -22,6 +24,8 @@ pub(super) struct Sequence {
     /// Logprobs the rollout sampled the response with, and what sampled it.
     pub(super) sampled: Vec<f32>,
     pub(super) engine: String,
+    /// How many versions behind the trained one sampled it (0 strictly on-policy).
+    pub(super) staleness: u32,
     pub(super) advantage: f64,
     /// The response ran into `max_new_tokens`.
     pub(super) truncated: bool,
@@ -68,9 +72,60 @@ pub(super) fn check_samples_come_from(
     Ok(())
 }
 
-/// The strict on-policy checks (DESIGN §3), then each policy's sequences, in
-/// candidate order. Every policy of `configs` gets a training set, with or without
-/// samples.
+/// The versions a row of iteration `iteration` may have been sampled by: its policy's
+/// committed checkpoints from `iteration − max_staleness` to `iteration`.
+struct Allowed<'m> {
+    iteration: u32,
+    max_staleness: u32,
+    /// (policy, version) → weights sha256 of every committed checkpoint.
+    committed: HashMap<(&'m str, u32), &'m str>,
+}
+
+impl<'m> Allowed<'m> {
+    fn new(markers: &'m [StoredMarker], iteration: u32, max_staleness: u32) -> Self {
+        let committed = markers
+            .iter()
+            .flat_map(|m| &m.marker.checkpoints)
+            .map(|c| ((c.policy.as_str(), c.version), c.weights_sha256.as_str()))
+            .collect();
+        Allowed { iteration, max_staleness, committed }
+    }
+
+    /// An error unless `table`'s row `candidate_id` of `policy`, sampled by `found`, is
+    /// within the bound; its staleness otherwise.
+    fn staleness(&self, table: Table, candidate_id: &str, policy: &str, found: u32) -> Result<u32, Error> {
+        let (iteration, bound) = (self.iteration, self.max_staleness);
+        match iteration.checked_sub(found) {
+            Some(behind) if behind <= bound => Ok(behind),
+            Some(behind) if bound > 0 => Err(Error::PastStaleness {
+                policy: policy.to_string(),
+                iteration,
+                table,
+                candidate_id: candidate_id.to_string(),
+                found,
+                behind,
+                bound,
+            }),
+            _ => Err(Error::RowVersion {
+                policy: policy.to_string(),
+                iteration,
+                table,
+                candidate_id: candidate_id.to_string(),
+                found,
+                expected: iteration,
+            }),
+        }
+    }
+
+    /// The weights digest of version `version` of `policy`, empty when none is committed.
+    fn weights(&self, policy: &str, version: u32) -> &'m str {
+        self.committed.get(&(policy, version)).copied().unwrap_or_default()
+    }
+}
+
+/// The strict on-policy checks (DESIGN §3), or those of bounded staleness, then each
+/// policy's sequences, in candidate order. Every policy of `configs` gets a training
+/// set, with or without samples.
 pub(super) fn training_sets(
     configs: &BTreeMap<String, PolicyConfig>,
     markers: &[StoredMarker],
@@ -78,32 +133,38 @@ pub(super) fn training_sets(
     turns: &[TurnRow],
     samples: &[SampleRow],
     iteration: u32,
+    max_staleness: u32,
 ) -> Result<Vec<TrainingSet>, Error> {
+    let allowed = Allowed::new(markers, iteration, max_staleness);
     let mut current: HashMap<&str, PolicyRef> = HashMap::new();
     for name in configs.keys() {
         let latest = policies::latest_in(markers, name).ok_or(Error::NoCheckpoint { policy: name.clone() })?;
         if latest.version != iteration {
             return Err(Error::NotAligned { policy: name.clone(), iteration, latest: latest.version });
         }
-        check_rollout_weights(rollout, &latest, iteration)?;
+        check_rollout_weights(rollout, name, &allowed)?;
         current.insert(name, latest);
     }
-    let by_id = check_turns(&current, rollout, turns, iteration)?;
+    let by_id = check_turns(&current, &allowed, rollout, turns)?;
     let mut sequences: HashMap<&str, Vec<Sequence>> = HashMap::new();
     for sample in samples {
         let expected = current_version(&current, Table::Samples, &sample.candidate_id, &sample.policy)?;
-        check_version(
-            Table::Samples,
-            &sample.candidate_id,
-            &sample.policy,
-            sample.policy_version,
-            expected,
-            iteration,
-        )?;
         let turn = by_id
             .get(sample.candidate_id.as_str())
             .ok_or_else(|| Error::MissingTurn { iteration, candidate_id: sample.candidate_id.clone() })?;
-        if let Some(sequence) = sequence_of(sample, turn)? {
+        let staleness =
+            allowed.staleness(Table::Samples, &sample.candidate_id, &sample.policy, sample.policy_version)?;
+        if sample.policy_version != turn.policy_version {
+            return Err(Error::BadRow {
+                candidate_id: sample.candidate_id.clone(),
+                reason: format!(
+                    "samples says v{} sampled it, but turns says v{}",
+                    sample.policy_version, turn.policy_version
+                ),
+            });
+        }
+        if let Some(mut sequence) = sequence_of(sample, turn)? {
+            sequence.staleness = staleness;
             sequences.entry(expected.policy.as_str()).or_default().push(sequence);
         }
     }
@@ -117,19 +178,29 @@ pub(super) fn training_sets(
         .collect())
 }
 
-/// The rollout's record of the weights it sampled `latest.policy` with must be `latest`.
-fn check_rollout_weights(rollout: &[StoredMarker], latest: &PolicyRef, iteration: u32) -> Result<(), Error> {
+/// The rollout's record of the weights it sampled `policy` with must be a committed
+/// version within the bound, and that version's weights.
+fn check_rollout_weights(rollout: &[StoredMarker], policy: &str, allowed: &Allowed) -> Result<(), Error> {
     for m in rollout {
-        for used in m.marker.policies_used.iter().filter(|u| u.policy == latest.policy) {
-            if used != latest {
+        for used in m.marker.policies_used.iter().filter(|u| u.policy == policy) {
+            // Strictly on-policy, any other version is the latest one's mismatch.
+            let version = match allowed.max_staleness {
+                0 => allowed.iteration,
+                _ => {
+                    allowed.staleness(Table::Turns, &format!("(the rollout {})", m.path), policy, used.version)?;
+                    used.version
+                }
+            };
+            let checkpoint = allowed.weights(policy, version);
+            if used.version != version || used.weights_sha256 != checkpoint {
                 return Err(Error::WeightsMismatch {
-                    policy: latest.policy.clone(),
-                    iteration,
+                    policy: policy.to_string(),
+                    iteration: allowed.iteration,
                     marker: m.path.clone(),
                     rollout_version: used.version,
                     rollout_sha256: used.weights_sha256.clone(),
-                    version: latest.version,
-                    checkpoint_sha256: latest.weights_sha256.clone(),
+                    version,
+                    checkpoint_sha256: checkpoint.to_string(),
                 });
             }
         }
@@ -151,56 +222,45 @@ fn current_version<'c>(
     })
 }
 
-/// Every turns row: a known policy the rollout recorded, sampled by its latest version's weights.
+/// Every turns row: a known policy the rollout recorded, sampled by an allowed
+/// version's weights, its staleness column (where it has one) what its version says.
 fn check_turns<'t>(
     current: &HashMap<&str, PolicyRef>,
+    allowed: &Allowed,
     rollout: &[StoredMarker],
     turns: &'t [TurnRow],
-    iteration: u32,
 ) -> Result<HashMap<&'t str, &'t TurnRow>, Error> {
+    let iteration = allowed.iteration;
     let recorded: HashSet<&str> =
         rollout.iter().flat_map(|m| &m.marker.policies_used).map(|p| p.policy.as_str()).collect();
     let mut by_id = HashMap::with_capacity(turns.len());
     for turn in turns {
-        let expected = current_version(current, Table::Turns, &turn.candidate_id, &turn.policy)?;
+        current_version(current, Table::Turns, &turn.candidate_id, &turn.policy)?;
         if !recorded.contains(turn.policy.as_str()) {
             return Err(Error::UnrecordedPolicy { policy: turn.policy.clone(), iteration });
         }
-        check_version(Table::Turns, &turn.candidate_id, &turn.policy, turn.policy_version, expected, iteration)?;
-        if turn.weights_sha256 != expected.weights_sha256 {
+        let (id, version) = (&turn.candidate_id, turn.policy_version);
+        let staleness = allowed.staleness(Table::Turns, id, &turn.policy, version)?;
+        let expected = allowed.weights(&turn.policy, version);
+        if turn.weights_sha256 != expected {
             return Err(Error::RowWeights {
                 policy: turn.policy.clone(),
                 iteration,
-                candidate_id: turn.candidate_id.clone(),
-                version: expected.version,
+                candidate_id: id.clone(),
+                version,
                 found: turn.weights_sha256.clone(),
-                expected: expected.weights_sha256.clone(),
+                expected: expected.to_string(),
             });
         }
-        by_id.insert(turn.candidate_id.as_str(), turn);
+        if let Some(recorded) = turn.staleness.filter(|&s| s != staleness) {
+            return Err(Error::BadRow {
+                candidate_id: id.clone(),
+                reason: format!("turns.staleness is {recorded}, but v{version} is {staleness} behind v{iteration}"),
+            });
+        }
+        by_id.insert(id.as_str(), turn);
     }
     Ok(by_id)
-}
-
-fn check_version(
-    table: Table,
-    candidate_id: &str,
-    policy: &str,
-    found: u32,
-    expected: &PolicyRef,
-    iteration: u32,
-) -> Result<(), Error> {
-    if found == expected.version {
-        return Ok(());
-    }
-    Err(Error::RowVersion {
-        policy: policy.to_string(),
-        iteration,
-        table,
-        candidate_id: candidate_id.to_string(),
-        found,
-        expected: expected.version,
-    })
 }
 
 /// The sequence a sample trains on; None when its response is empty (nothing to train).
@@ -245,6 +305,7 @@ fn sequence_of(sample: &SampleRow, turn: &TurnRow) -> Result<Option<Sequence>, E
         response: turn.response_tokens.iter().map(|&t| i64::from(t)).collect(),
         sampled: turn.response_logprobs.clone(),
         engine: turn.engine.clone(),
+        staleness: 0,
         advantage: sample.advantage,
         truncated: turn.finish_reason == TRUNCATED_FINISH_REASON,
         agent: sample.agent.clone(),

@@ -120,5 +120,8 @@ pub(super) fn row(policy: &str, version: u32, step: FitStep, seconds: f64) -> Up
         seconds,
         agent: Some(step.agent),
         explained_variance: step.explained_variance,
+        stale_sequences: None,
+        stale_logprob_drift_mean: None,
+        stale_mismatch_fraction: None,
     }
 }

@@ -31,8 +31,8 @@ pub enum Error {
 
     #[error(
         "refusing to update {policy:?} in iteration {iteration}: the rollout ({marker}) sampled v{rollout_version} \
-         with weights sha256 {rollout_sha256}, but the latest committed checkpoint is v{version} with weights \
-         sha256 {checkpoint_sha256}; nothing was written"
+         with weights sha256 {rollout_sha256}, but the committed checkpoint v{version} has weights sha256 \
+         {checkpoint_sha256}; nothing was written"
     )]
     WeightsMismatch {
         policy: String,
@@ -61,6 +61,21 @@ pub enum Error {
          v{found}, but the latest committed checkpoint is v{expected}; nothing was written"
     )]
     RowVersion { policy: String, iteration: u32, table: Table, candidate_id: String, found: u32, expected: u32 },
+
+    #[error(
+        "refusing to update {policy:?} in iteration {iteration}: {table} row {candidate_id} was sampled by \
+         v{found}, {behind} versions behind the v{iteration} this update trains, past rollout.max_staleness \
+         {bound}; nothing was written"
+    )]
+    PastStaleness {
+        policy: String,
+        iteration: u32,
+        table: Table,
+        candidate_id: String,
+        found: u32,
+        behind: u32,
+        bound: u32,
+    },
 
     #[error(
         "refusing to update {policy:?} in iteration {iteration}: turns row {candidate_id} says it was sampled by \

@@ -107,7 +107,8 @@ pub async fn run(
     // read_rows checks every part's size and sha256 against its marker.
     let turns: Vec<TurnRow> = store.read_rows(&rollout_markers).await?;
     let samples: Vec<SampleRow> = store.read_rows(&advantage_markers).await?;
-    let sets = checks::training_sets(&config.policies, &markers, &rollout, &turns, &samples, iteration)?;
+    let staleness = config.rollout.max_staleness;
+    let sets = checks::training_sets(&config.policies, &markers, &rollout, &turns, &samples, iteration, staleness)?;
     let critic = config.critic.as_ref().filter(|_| config.algorithm.name.needs_critic());
     let critic_inputs = critic.map(|c| crate::critic::inputs(&turns, c));
     drop((turns, samples));

@@ -32,6 +32,8 @@ pub(super) struct PpoSettings<'a> {
     grad_clip: f64,
     clip: PpoClip,
     max_drift: f64,
+    /// Rollouts may be stale: the updates rows report stale samples apart.
+    stale_rows: bool,
     /// The first step's forward can give its old logprobs: no dropout makes it differ
     /// from a no-grad pass.
     reuse_first_forward: bool,
@@ -59,9 +61,10 @@ impl PpoSettings<'_> {
             clip: PpoClip {
                 epsilon: algorithm.clip_epsilon,
                 aggregation: config.loss_aggregation(),
-                importance_cap: update.truncated_importance_ratio,
+                importance_cap: config.importance_cap(),
             },
             max_drift: update.max_logprob_drift,
+            stale_rows: config.rollout.max_staleness > 0,
             reuse_first_forward: config.policies[name].lora.as_ref().is_none_or(|l| l.dropout == 0.0),
             optimizer: &config.policies[name].optimizer,
             dtype: format!("{:?}", model.kind()),
@@ -270,13 +273,16 @@ fn gap_rows(set: &TrainingSet, trainer: &[Vec<f32>]) -> Vec<LogprobGapRow> {
                 gap_mean,
                 gap_max,
                 log_ratio_mean: diffs.iter().sum::<f64>() / diffs.len().max(1) as f64,
+                staleness: Some(s.staleness),
             }
         })
         .collect()
 }
 
-/// Each token's |recomputed − sampled| logprob; an error when their mean exceeds the limit
-/// (the weights or the sampler are not what the rollout says).
+/// Each token's |recomputed − sampled| logprob; an error when their mean over the samples
+/// of the trained version exceeds the limit (the weights or the sampler are not what the
+/// rollout says). A stale sample's drift is the policy's change as well, and unchecked:
+/// its weights digest was.
 fn check_drift(set: &TrainingSet, settings: &PpoSettings, old: &[Vec<f32>]) -> Result<Vec<Vec<f64>>, Error> {
     let non_finite = old.iter().flatten().filter(|x| !x.is_finite()).count();
     if non_finite > 0 {
@@ -291,7 +297,8 @@ fn check_drift(set: &TrainingSet, settings: &PpoSettings, old: &[Vec<f32>]) -> R
         .zip(&set.sequences)
         .map(|(o, s)| o.iter().zip(&s.sampled).map(|(a, b)| f64::from((a - b).abs())).collect())
         .collect();
-    let (mean, max) = mean_max(drift.iter().flatten().copied());
+    let fresh = drift.iter().zip(&set.sequences).filter(|(_, s)| s.staleness == 0);
+    let (mean, max) = mean_max(fresh.flat_map(|(d, _)| d.iter().copied()));
     // A NaN mean fails too.
     if mean.is_nan() || mean > settings.max_drift {
         return Err(Error::Drift {
@@ -361,10 +368,16 @@ fn step_row(
             .collect()
     });
     let summary = ppo_clip_loss(&sequences, weights.as_deref(), settings.clip.epsilon, settings.clip.aggregation);
-    let (drift_mean, drift_max) = mean_max(chunk.iter().flat_map(|&i| drift[i].iter().copied()));
-    let (mismatch_fraction, mismatch_p95) = mismatch(chunk.iter().flat_map(|&i| {
-        old[i].iter().zip(&set.sequences[i].sampled).map(|(&trainer, &sampler)| f64::from(trainer - sampler))
-    }));
+    let (stale, fresh): (Vec<usize>, Vec<usize>) = chunk.iter().partition(|&&i| set.sequences[i].staleness > 0);
+    let log_ratios = |samples: &[usize]| -> Vec<f64> {
+        let ratios = |i: usize| old[i].iter().zip(&set.sequences[i].sampled).map(|(&t, &s)| f64::from(t - s));
+        samples.iter().flat_map(|&i| ratios(i)).collect()
+    };
+    let drifts = |samples: &[usize]| mean_max(samples.iter().flat_map(|&i| drift[i].iter().copied()));
+    let (drift_mean, drift_max) = drifts(&fresh);
+    let (mismatch_fraction, mismatch_p95) = mismatch(log_ratios(&fresh).into_iter());
+    let stale_rows =
+        settings.stale_rows.then(|| (stale.len() as u32, drifts(&stale).0, mismatch(log_ratios(&stale).into_iter()).0));
     let (entropy, _) = mean_max(chunk.iter().flat_map(|&i| old[i].iter().map(|&x| -f64::from(x))));
     UpdateRow {
         policy: settings.name.clone(),
@@ -395,6 +408,9 @@ fn step_row(
         seconds: facts.start.elapsed().as_secs_f64(),
         agent: None,
         explained_variance: None,
+        stale_sequences: stale_rows.map(|(n, _, _)| n),
+        stale_logprob_drift_mean: stale_rows.map(|(_, drift, _)| drift),
+        stale_mismatch_fraction: stale_rows.map(|(_, _, fraction)| fraction),
     }
 }
 

@@ -106,6 +106,9 @@ pub(super) fn train(
             seconds: start.elapsed().as_secs_f64(),
             agent: None,
             explained_variance: None,
+            stale_sequences: None,
+            stale_logprob_drift_mean: None,
+            stale_mismatch_fraction: None,
         });
         progress.advance(1, tokens as u64);
     }
