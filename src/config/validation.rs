@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::algo::{Credit, Grouping};
 use crate::engine::EngineKind;
+use crate::envs::EnvSource;
 use crate::play::RolloutMode;
 use crate::policies::ModelInit;
 use crate::validate::{Invalid, check};
@@ -27,7 +28,7 @@ impl RunConfig {
             let key = format!("policies.{name}");
             policy.validate(&key)?;
             check(
-                policy.init != ModelInit::Scratch || self.env.hosted().is_none(),
+                policy.init != ModelInit::Scratch || !self.env.source().host_makes_tasks(),
                 format!("{key}.init"),
                 "a model from scratch takes its tokenizer from the prompts prepare-data writes, and a hosted \
                  environment's prompts come from its host as it plays: start from a pretrained model",
@@ -72,7 +73,7 @@ impl RunConfig {
         }
         if let Some(warm) = &self.warm_start {
             check(
-                self.env.has_demonstrations(),
+                matches!(self.env.source(), EnvSource::Generated(_)),
                 "warm_start",
                 "demonstrations exist for plan_path, sudoku, sokoban and tic_tac_toe; math and code start from a pretrained model",
             )?;
@@ -145,7 +146,7 @@ impl RunConfig {
         // Independent episodes share a prompt only at the first turn of the first agent:
         // grouping their later turns by (task, agent, turn) compares different prompts.
         let one_prompt = self.team().len() == 1 && self.workflow.max_turns == 1;
-        let program = self.env.agent_program().is_some();
+        let program = matches!(self.env.source(), EnvSource::AgentProgram(_));
         check(
             !program || self.rollout.mode == RolloutMode::Independent,
             "rollout.mode",

@@ -39,12 +39,12 @@ impl DataConfig {
         check(self.train_tasks >= 1, "data.train_tasks", "must be at least 1")?;
         check(self.test_tasks >= 1, "data.test_tasks", "must be at least 1")?;
         check(
-            !env.reads_files() || (self.train_file.is_some() && self.test_file.is_some()),
+            !env.source().reads_files() || (self.train_file.is_some() && self.test_file.is_some()),
             "data",
             format!("{} reads its tasks from files: set data.train_file and data.test_file", env.name()),
         )?;
         check(
-            env.hosted().is_none() || (self.train_file.is_none() && self.test_file.is_none()),
+            !env.source().host_makes_tasks() || (self.train_file.is_none() && self.test_file.is_none()),
             "data",
             "a hosted environment's tasks come from its host (the class's tasks()); data files are not read for it",
         )

@@ -17,6 +17,7 @@ pub mod math;
 pub mod moves;
 pub mod plan_path;
 pub mod sokoban;
+pub mod source;
 pub mod sudoku;
 pub mod tic_tac_toe;
 pub mod user_files;
@@ -28,10 +29,11 @@ use crate::validate::{Invalid, check};
 
 pub use agent_program::AgentProgramConfig;
 pub use code::{Code, CodeConfig};
-pub use hosted::{ExternalConfig, Hosted, HostedConfig, PythonReward, ReasoningGymConfig, TextArenaConfig};
+pub use hosted::{ExternalConfig, HostedConfig, PythonReward, ReasoningGymConfig, TextArenaConfig};
 pub use math::{Math, MathConfig};
 pub use plan_path::{PlanPath, PlanPathConfig};
 pub use sokoban::{Sokoban, SokobanConfig};
+pub use source::{DatasetKind, EnvSource, Generated, Generator};
 pub use sudoku::{Sudoku, SudokuConfig};
 pub use tic_tac_toe::{TicTacToe, TicTacToeConfig};
 
@@ -75,48 +77,6 @@ impl EnvConfig {
             EnvConfig::External(_) => "external",
             EnvConfig::ReasoningGym(_) => "reasoning_gym",
             EnvConfig::AgentProgram(_) => "agent_program",
-        }
-    }
-
-    /// Whether tasks come from dataset files (`data.train_file`, `data.test_file`)
-    /// rather than being generated (an external environment may do either).
-    pub fn reads_files(&self) -> bool {
-        matches!(self, EnvConfig::Math(_) | EnvConfig::Code(_) | EnvConfig::AgentProgram(_))
-    }
-
-    /// The agent program that plays each episode, if one does.
-    pub fn agent_program(&self) -> Option<&AgentProgramConfig> {
-        match self {
-            EnvConfig::AgentProgram(c) => Some(c),
-            _ => None,
-        }
-    }
-
-    /// Whether solver demonstrations exist for a warm start (the generated environments).
-    pub fn has_demonstrations(&self) -> bool {
-        !self.reads_files() && self.hosted().is_none()
-    }
-
-    /// The host that scores this environment's answers, if one does (a reasoning-gym
-    /// dataset's, or the run's Python reward function's for math answers and programs).
-    pub fn scorer(&self) -> Option<HostedConfig<'_>> {
-        match self {
-            EnvConfig::ReasoningGym(c) => Some(HostedConfig::ReasoningGym(c)),
-            EnvConfig::Math(MathConfig { reward: Some(reward), host, .. })
-            | EnvConfig::Code(CodeConfig { reward: Some(reward), host, .. }) => {
-                Some(HostedConfig::Rewards { reward, host })
-            }
-            _ => None,
-        }
-    }
-
-    /// The hosted environment, if this is one.
-    pub fn hosted(&self) -> Option<HostedConfig<'_>> {
-        match self {
-            EnvConfig::TextArena(c) => Some(HostedConfig::TextArena(c)),
-            EnvConfig::External(c) => Some(HostedConfig::External(c)),
-            EnvConfig::ReasoningGym(c) => Some(HostedConfig::ReasoningGym(c)),
-            _ => None,
         }
     }
 
@@ -220,8 +180,6 @@ pub enum AnyEnv {
     TicTacToe(TicTacToe),
     Math(Math),
     Code(Code),
-    /// An episode held by an environment host; play steps it in batches.
-    Hosted(Hosted),
 }
 
 /// An action as JSON, or why the reply did not parse, plus the step it caused.
@@ -242,9 +200,9 @@ fn act<E: Env>(env: &mut E, text: &str, sandbox: &Sandbox) -> Acted {
     }
 }
 
-/// `$body` for the environments of this crate, `$hosted_body` for a hosted one.
+/// `$body` for each environment.
 macro_rules! each_env {
-    ($value:expr, $env:ident => $body:expr, $hosted:ident => $hosted_body:expr) => {
+    ($value:expr, $env:ident => $body:expr) => {
         match $value {
             AnyEnv::PlanPath($env) => $body,
             AnyEnv::Sudoku($env) => $body,
@@ -252,7 +210,6 @@ macro_rules! each_env {
             AnyEnv::TicTacToe($env) => $body,
             AnyEnv::Math($env) => $body,
             AnyEnv::Code($env) => $body,
-            AnyEnv::Hosted($hosted) => $hosted_body,
         }
     };
 }
@@ -290,39 +247,37 @@ impl AnyEnv {
             AnyEnv::TicTacToe(_) => "tic_tac_toe",
             AnyEnv::Math(_) => "math",
             AnyEnv::Code(_) => "code",
-            AnyEnv::Hosted(h) => h.session().name(),
         }
     }
 
     pub fn rules(&self) -> String {
-        each_env!(self, e => e.rules(), _h => String::new())
+        each_env!(self, e => e.rules())
     }
 
     pub fn observation(&self) -> String {
-        each_env!(self, e => e.observation(), h => h.observation().to_string())
+        each_env!(self, e => e.observation())
     }
 
-    /// Parses a reply and, if it parsed, steps. A hosted episode is stepped by its host
-    /// (play's batches), never here.
+    /// Parses a reply and, if it parsed, steps.
     pub fn act(&mut self, text: &str, sandbox: &Sandbox) -> Acted {
-        each_env!(self, e => act(e, text, sandbox), _h => unreachable!("hosted episodes step through play's batches"))
+        each_env!(self, e => act(e, text, sandbox))
     }
 
     pub fn done(&self) -> bool {
-        each_env!(self, e => e.done(), h => h.done())
+        each_env!(self, e => e.done())
     }
 
     pub fn success(&self) -> bool {
-        each_env!(self, e => e.success(), h => h.success())
+        each_env!(self, e => e.success())
     }
 
     pub fn team_reward(&self) -> f64 {
-        each_env!(self, e => e.team_reward(), h => h.team_reward())
+        each_env!(self, e => e.team_reward())
     }
 
     /// The oracle's answer from the current state, written as an agent would.
     pub fn solution_text(&self) -> Option<String> {
-        each_env!(self, e => e.solve().map(|a| e.format_action(&a)), _h => None)
+        each_env!(self, e => e.solve().map(|a| e.format_action(&a)))
     }
 }
 

@@ -1,168 +1,182 @@
-//! Playing the environments whose episodes or answers an environment host keeps:
-//! hosted episodes made, forked, stepped and dropped in batches, and math answers scored
-//! by the host (a reasoning-gym dataset's scorer, a Python reward function).
+//! Stepping the episodes an environment host keeps: made, forked, stepped and dropped in
+//! batches, one request each per step.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::envs::code::{self, Code};
-use crate::envs::hosted;
-use crate::envs::hosted::Judge;
-use crate::envs::math::{self, Math, extract_answer, extract_output_answer};
-use crate::envs::{AnyEnv, Env, EnvConfig};
-use crate::sandbox::RunOutput;
-use crate::workflows::{Agent, Episode, TurnOutcome};
+use crate::envs::hosted::{HostSession, Hosted, Stepped, Turn};
+use crate::workflows::{Agent, TurnOutcome, shorten};
 
-use super::{Candidate, Error, Game, SampledStep, Track};
+use super::steps::{Outcomes, SampledStep, Stepping, Track, Turns};
+use super::{Error, Finished, Setup};
 
-/// A task whose answers its host scores: a reasoning-gym entry (the scorer reads the
-/// whole entry), or a math or code dataset row (the reward function reads the row).
-pub(super) fn judged(env: &EnvConfig, session: &Arc<hosted::Session>, instance: &str) -> Result<AnyEnv, Error> {
-    let bad = |reason: String| crate::envs::Error::Instance { env: env.name(), reason };
-    let row = |text: &str| serde_json::from_str(text).map_err(|e| bad(e.to_string()));
-    let judge = |text: &str| Ok::<_, Error>(Judge::new(Arc::clone(session), row(text)?));
-    Ok(match env {
-        EnvConfig::ReasoningGym(gym) => {
-            let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-            let entry = parsed.entry.clone().ok_or_else(|| bad("the task has no entry to score against".into()))?;
-            let tool_timeout = Duration::from_secs_f64(math::DEFAULT_TOOL_TIMEOUT_SECONDS);
-            AnyEnv::Math(Math::judged(gym.tolerance, tool_timeout, parsed, judge(&entry)?))
-        }
-        EnvConfig::Math(config) => {
-            let parsed: math::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-            let tool_timeout = Duration::from_secs_f64(config.tool_timeout_seconds);
-            AnyEnv::Math(Math::judged(config.tolerance, tool_timeout, parsed, judge(instance)?))
-        }
-        EnvConfig::Code(config) => {
-            let parsed: code::Instance = serde_json::from_str(instance).map_err(|e| bad(e.to_string()))?;
-            AnyEnv::Code(Code::judged(config, parsed, judge(instance)?))
-        }
-        other => unreachable!("{} is not scored by a host", other.name()),
-    })
+/// A hosted environment's task.
+#[derive(Debug, Clone)]
+pub struct HostedGame {
+    pub task_id: String,
+    pub hosted: Hosted,
 }
 
-/// The host session of hosted games (they all share one), if they are hosted.
-pub(super) fn hosted_session(games: &[Game]) -> Option<Arc<hosted::Session>> {
-    games.iter().find_map(|g| match &g.env {
-        AnyEnv::Hosted(h) => Some(Arc::clone(h.session())),
-        _ => None,
-    })
+/// One hosted episode: the host's, in the order the host says, each agent's turn its own
+/// count of moves.
+#[derive(Debug, Clone)]
+pub(super) struct HostedEpisode {
+    hosted: Hosted,
+    moves: BTreeMap<Agent, u32>,
+    max_turns: u32,
+    done: bool,
 }
 
-pub(super) fn hosted_id(episode: &Episode) -> String {
-    match episode.env() {
-        AnyEnv::Hosted(h) => h.id().to_string(),
-        _ => unreachable!("a hosted game's episodes are hosted"),
+impl HostedEpisode {
+    fn new(hosted: Hosted, max_turns: u32) -> HostedEpisode {
+        HostedEpisode { hosted, moves: BTreeMap::new(), max_turns: max_turns.max(1), done: false }
+    }
+
+    /// The episode made under `id`, at `turn`.
+    fn made(&mut self, id: String, turn: &Turn) -> Result<(), String> {
+        self.hosted.made(id, turn)?;
+        self.done = self.hosted.done();
+        Ok(())
+    }
+
+    /// Applies the step the host took for the next agent's reply, under the id `id` (the
+    /// fork of this episode the reply was applied to).
+    fn stepped(&mut self, id: String, reply: &str, stepped: &Stepped) -> Result<TurnOutcome, String> {
+        let agent = self.next_agent().ok_or("a step of a finished episode")?;
+        let turn = self.turn();
+        self.hosted.stepped(id, stepped)?;
+        *self.moves.entry(agent).or_insert(0) += 1;
+        let mut outcome = TurnOutcome::blank(agent);
+        outcome.turn = turn;
+        outcome.local_reward = stepped.rewards.get(agent.as_str()).copied().unwrap_or(0.0);
+        if stepped.invalid {
+            outcome.parse_error =
+                Some(if stepped.feedback.is_empty() { "invalid move".into() } else { stepped.feedback.clone() });
+        } else {
+            outcome.action = Some(serde_json::to_string(&shorten(reply.trim(), 200)).expect("a string serialises"));
+        }
+        outcome.feedback = (!stepped.feedback.is_empty()).then(|| stepped.feedback.clone());
+        outcome.credited = stepped
+            .rewards
+            .iter()
+            .filter(|(name, _)| name.as_str() != agent.as_str())
+            .map(|(name, &reward)| Ok((Agent::named(name)?, reward)))
+            .collect::<Result<_, String>>()?;
+        // Out of moves: the next agent has made max_turns already.
+        let next_moves = self.hosted.next_agent().map_or(0, |next| self.moves.get(&next).copied().unwrap_or(0));
+        self.done = self.hosted.done() || next_moves >= self.max_turns;
+        outcome.done = self.done;
+        outcome.team_reward = stepped.team_reward;
+        outcome.success = stepped.success;
+        Ok(outcome)
     }
 }
 
-/// Makes every track's episode in the host, in one request.
-pub(super) fn make_hosted(session: &hosted::Session, tracks: &mut [Track]) -> Result<(), Error> {
-    let items: Vec<_> = tracks
-        .iter()
-        .map(|t| match t.episode.env() {
-            AnyEnv::Hosted(h) => h.make_item(session.new_id()),
-            _ => unreachable!("a hosted game's episodes are hosted"),
-        })
-        .collect();
+impl Turns for HostedEpisode {
+    fn next_agent(&self) -> Option<Agent> {
+        if self.done { None } else { self.hosted.next_agent() }
+    }
+
+    /// How many moves the next agent has made; once over, the most an agent made.
+    fn turn(&self) -> u32 {
+        match self.next_agent() {
+            Some(agent) => self.moves.get(&agent).copied().unwrap_or(0),
+            None => self.moves.values().copied().max().unwrap_or(0),
+        }
+    }
+
+    fn prompt(&self) -> String {
+        self.hosted.prompt(self.turn())
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn ended(&self, task_index: usize, episode: u32, tokens: u64) -> Finished {
+        Finished {
+            task_index,
+            episode,
+            success: self.hosted.success(),
+            tool_success: false,
+            team_reward: self.hosted.team_reward(),
+            turns: self.turn(),
+            tokens,
+            failure: None,
+        }
+    }
+}
+
+/// Steps the episodes `session`'s host keeps.
+pub(super) struct InHost<'a> {
+    pub session: &'a Arc<HostSession>,
+}
+
+/// Every game's episodes (one per task in tree mode, K in independent mode), made in the
+/// host in one request.
+pub(super) fn tracks(
+    session: &HostSession,
+    games: &[HostedGame],
+    setup: &Setup,
+) -> Result<Vec<Track<HostedEpisode>>, Error> {
+    let mut tracks = Vec::new();
+    for (task_index, game) in games.iter().enumerate() {
+        for episode_index in 0..setup.episodes_per_task() {
+            let episode = HostedEpisode::new(game.hosted.clone(), setup.max_turns);
+            tracks.push(Track::new(task_index, episode_index, episode));
+        }
+    }
+    let items: Vec<_> = tracks.iter().map(|t| t.episode.hosted.make_item(session.new_id())).collect();
     let turns = session.host.make(&items)?;
     for (track, ((id, _, _), turn)) in tracks.iter_mut().zip(items.into_iter().zip(turns)) {
         track.episode.made(id.clone(), &turn).map_err(|reason| Error::Hosted { episode: id, reason })?;
     }
-    Ok(())
+    Ok(tracks)
 }
 
-/// Steps each reply's own copy of its track's episode in the host: in tree mode the K
-/// branches of an episode are K forks of it, in independent mode each episode steps
-/// itself. One fork and one step request for the whole step.
-pub(super) fn step_hosted(
-    session: &hosted::Session,
-    tracks: &[Track],
-    live: &[usize],
-    step: &SampledStep,
-) -> Result<Vec<(Episode, TurnOutcome)>, Error> {
-    let branches = step.replies.len() / live.len();
-    let mut forks = Vec::new();
-    let mut items = Vec::with_capacity(step.replies.len());
-    for (i, (_, reply)) in step.replies.iter().enumerate() {
-        let source = hosted_id(&tracks[live[i / branches]].episode);
-        let id = if branches == 1 { source.clone() } else { session.new_id() };
-        if branches > 1 {
-            forks.push((source, id.clone()));
-        }
-        items.push((id, reply.text.clone()));
-    }
-    session.host.fork(&forks)?;
-    let results = session.host.step(&items)?;
-    results
-        .iter()
-        .zip(items)
-        .enumerate()
-        .map(|(i, (stepped, (id, reply)))| {
-            let mut episode = tracks[live[i / branches]].episode.clone();
-            let outcome = episode
-                .step_hosted(id.clone(), &reply, stepped)
-                .map_err(|reason| Error::Hosted { episode: id, reason })?;
-            Ok((episode, outcome))
-        })
-        .collect()
-}
+impl Stepping for InHost<'_> {
+    type Episode = HostedEpisode;
 
-/// Adds rewards a step credited to other agents (a game's final result) to each one's
-/// latest turn on this track's trajectory.
-pub(super) fn credit(candidates: &mut [Candidate], track: &Track, credited: &[(Agent, f64)]) {
-    for &(agent, reward) in credited {
-        let latest = candidates.iter_mut().rev().find(|c| {
-            c.task_index == track.task_index && c.episode == track.episode_index && c.agent == agent && c.selected
-        });
-        if let Some(candidate) = latest {
-            candidate.outcome.local_reward += reward;
+    /// In tree mode the K branches of an episode are K forks of it, in independent mode
+    /// each episode steps itself: one fork and one step request for the whole step.
+    fn step(
+        &self,
+        tracks: &[Track<HostedEpisode>],
+        live: &[usize],
+        step: &SampledStep,
+    ) -> Result<Outcomes<HostedEpisode>, Error> {
+        let branches = step.replies.len() / live.len();
+        let mut forks = Vec::new();
+        let mut items = Vec::with_capacity(step.replies.len());
+        for (i, (_, reply)) in step.replies.iter().enumerate() {
+            let source = tracks[live[i / branches]].episode.hosted.id().to_string();
+            let id = if branches == 1 { source.clone() } else { self.session.new_id() };
+            if branches > 1 {
+                forks.push((source, id.clone()));
+            }
+            items.push((id, reply.text.clone()));
         }
+        self.session.host.fork(&forks)?;
+        let results = self.session.host.step(&items)?;
+        let stepped = results
+            .iter()
+            .zip(items)
+            .enumerate()
+            .map(|(i, (stepped, (id, reply)))| {
+                let mut episode = tracks[live[i / branches]].episode.clone();
+                let outcome = episode
+                    .stepped(id.clone(), &reply, stepped)
+                    .map_err(|reason| Error::Hosted { episode: id, reason })?;
+                Ok((episode, outcome))
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Outcomes { branches: stepped, sandbox_time: Duration::ZERO })
     }
-}
 
-/// Has the host score, in one request, every answer of this step that a judged task
-/// will read: each reply's and each tool program's output's answer (math), each
-/// reply's program (code).
-pub(super) fn judge_answers(
-    live: &[&Track],
-    branches: usize,
-    step: &SampledStep,
-    runs: &[(usize, Option<RunOutput>)],
-) -> Result<(), Error> {
-    // (judge, the text scored, its answer), each answer of a task once.
-    let mut wanted: Vec<(Arc<Judge>, String, String)> = Vec::new();
-    for (i, run) in runs {
-        let reply = &step.replies[*i].1.text;
-        let (judge, answers) = match live[i / branches].episode.env() {
-            AnyEnv::Math(math) if math.judge().is_some() => {
-                let from_reply = extract_answer(reply).map(|answer| (reply.clone(), answer));
-                let ran = run.as_ref().filter(|r| r.ok());
-                let from_program =
-                    ran.and_then(|r| extract_output_answer(&r.stdout).map(|answer| (r.stdout.clone(), answer)));
-                (math.judge(), from_reply.into_iter().chain(from_program).collect::<Vec<_>>())
-            }
-            // The coder's program, as the environment reads it from the reply.
-            AnyEnv::Code(code) if code.judge().is_some() => {
-                (code.judge(), code.parse(reply).ok().map(|program| (reply.clone(), program)).into_iter().collect())
-            }
-            _ => continue,
-        };
-        let judge = judge.expect("matched on it");
-        for (text, answer) in answers {
-            let asked = wanted.iter().any(|(j, _, a)| Arc::ptr_eq(j, judge) && *a == answer);
-            if !judge.has(&answer) && !asked {
-                wanted.push((Arc::clone(judge), text, answer));
-            }
-        }
+    fn retire(&self, episodes: &[&HostedEpisode]) -> Result<(), Error> {
+        let ids: Vec<String> = episodes.iter().map(|e| e.hosted.id().to_string()).collect();
+        self.session.host.drop_episodes(&ids)?;
+        Ok(())
     }
-    let Some((first, ..)) = wanted.first() else { return Ok(()) };
-    let session = Arc::clone(&first.session);
-    let items: Vec<_> =
-        wanted.iter().map(|(judge, text, answer)| (judge.row.clone(), text.clone(), Some(answer.clone()))).collect();
-    let scores = session.host.score(&items)?;
-    for ((judge, _, answer), score) in wanted.into_iter().zip(scores) {
-        judge.set(answer, score);
-    }
-    Ok(())
 }

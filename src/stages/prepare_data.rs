@@ -33,8 +33,8 @@ use serde::Serialize;
 
 use crate::config::RunConfig;
 use crate::envs::dataset::DatasetFile;
-use crate::envs::hosted::Session;
-use crate::envs::{self, AnyEnv, Env, EnvConfig, PlanPath, Sokoban, Sudoku, TicTacToe, dataset, math};
+use crate::envs::hosted::HostSession;
+use crate::envs::{self, AnyEnv, DatasetKind, Env, EnvSource, Generated, Generator, HostedConfig, dataset, math};
 use crate::model::{self, CHATML_TEMPLATE, ModelConfig, TokenizerFiles, build_tokenizer};
 use crate::policies::ModelInit;
 use crate::rng::{Key, SplitMix64, stream};
@@ -83,6 +83,12 @@ pub enum Error {
 
     #[error("cannot encode the {table} table: {source}")]
     Encode { table: Table, source: serde_arrow::Error },
+
+    #[error("{env} reads its tasks from files: set data.train_file and data.test_file")]
+    NoDataFiles { env: &'static str },
+
+    #[error("warm_start: demonstrations exist for plan_path, sudoku, sokoban and tic_tac_toe, not {env}")]
+    NoDemonstrations { env: &'static str },
 }
 
 /// Split keys of the seed streams.
@@ -196,15 +202,21 @@ pub async fn committed_tokenizer(store: &RunStore) -> Result<Option<TokenizerFil
 /// The train and test tasks of a config.
 pub fn tasks(config: &RunConfig) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let (train_n, test_n) = (config.data.train_tasks as usize, config.data.test_tasks as usize);
-    match &config.env {
-        env if env.reads_files() => from_files(config, train_n, test_n),
-        env if env.hosted().is_some() => from_host(config, train_n, test_n),
-        env => {
+    match config.env.source() {
+        EnvSource::Generated(generator) => {
             let mut seen = HashSet::new();
-            let test = generate(env, config.seed, Key::TEST_TASKS, test_n, &mut seen)?;
-            let train = generate(env, config.seed, Key::TRAIN_TASKS, train_n, &mut seen)?;
+            let name = config.env.name();
+            let test = generate(generator, name, config.seed, Key::TEST_TASKS, test_n, &mut seen)?;
+            let train = generate(generator, name, config.seed, Key::TRAIN_TASKS, train_n, &mut seen)?;
             Ok((train, test))
         }
+        EnvSource::Dataset { kind: DatasetKind::Math(_), .. } => from_files(config, Records::Math, train_n, test_n),
+        EnvSource::Dataset { kind: DatasetKind::Code(_), .. } => from_files(config, Records::Code, train_n, test_n),
+        EnvSource::AgentProgram(_) => from_files(config, Records::Program, train_n, test_n),
+        EnvSource::ReasoningGym(gym) => {
+            from_host(config, HostedConfig::ReasoningGym(gym), HostTasks::Math, train_n, test_n)
+        }
+        EnvSource::Hosted(host) => from_host(config, host, HostTasks::AsMade, train_n, test_n),
     }
 }
 
@@ -212,25 +224,24 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("instances serialise")
 }
 
-/// A freshly generated environment of one of the generated families.
-fn generate_env(env: &EnvConfig, seed: u64) -> AnyEnv {
-    match env {
-        EnvConfig::PlanPath(c) => AnyEnv::PlanPath(PlanPath::generate(c, seed)),
-        EnvConfig::Sudoku(c) => AnyEnv::Sudoku(Sudoku::generate(c, seed)),
-        EnvConfig::Sokoban(c) => AnyEnv::Sokoban(Sokoban::generate(c, seed)),
-        EnvConfig::TicTacToe(_) => AnyEnv::TicTacToe(TicTacToe::generate(seed)),
-        EnvConfig::Math(_) | EnvConfig::Code(_) | EnvConfig::AgentProgram(_) => unreachable!("read from files"),
-        EnvConfig::TextArena(_) | EnvConfig::External(_) | EnvConfig::ReasoningGym(_) => {
-            unreachable!("made by the host")
-        }
-    }
+/// What a host's task rows become: math tasks (a reasoning-gym entry), or the rows as
+/// made (the host reads them back to make its episodes).
+#[derive(Clone, Copy)]
+enum HostTasks {
+    Math,
+    AsMade,
 }
 
 /// The tasks a hosted environment's host makes for each split, reproducible from the
 /// run seed (its `tasks` request).
-fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
-    let hosted = config.env.hosted().expect("a hosted environment");
-    let session = Session::start(hosted, &config.team(), config.limits.host_message_bytes)?;
+fn from_host(
+    config: &RunConfig,
+    hosted: HostedConfig,
+    made: HostTasks,
+    train_n: usize,
+    test_n: usize,
+) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
+    let session = HostSession::start(hosted, &config.team(), config.limits.host_message_bytes)?;
     let env = config.env.name();
     let split = |name: &'static str, key: u64, n: usize| -> Result<Vec<TaskRow>, Error> {
         let rows = session.host.tasks(name, n, stream(&[config.seed, key]))?;
@@ -241,11 +252,11 @@ fn from_host(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<T
             .enumerate()
             .map(|(i, row)| {
                 let task_id = format!("{env}/{name}/{i:06}");
-                let (instance, reference) = match &config.env {
-                    EnvConfig::ReasoningGym(_) => {
+                let (instance, reference) = match made {
+                    HostTasks::Math => {
                         math_task(&row).map_err(|reason| Error::HostTask { task_id: task_id.clone(), reason })?
                     }
-                    _ => (row.to_string(), None),
+                    HostTasks::AsMade => (row.to_string(), None),
                 };
                 let seed = stream(&[config.seed, key, i as u64]);
                 let source = "host".into();
@@ -294,43 +305,40 @@ fn math_task(entry: &serde_json::Value) -> Result<(String, Option<String>), Stri
 }
 
 /// The instance JSON of a generated environment: what makes two tasks the same.
-fn instance_of(env: &AnyEnv) -> String {
+fn instance_of(env: &Generated) -> String {
     match env {
-        AnyEnv::PlanPath(e) => json(&e.instance()),
-        AnyEnv::Sudoku(e) => json(&e.instance()),
-        AnyEnv::Sokoban(e) => json(&e.instance()),
-        AnyEnv::TicTacToe(e) => json(&e.instance()),
-        AnyEnv::Math(_) | AnyEnv::Code(_) => unreachable!("read from files"),
-        AnyEnv::Hosted(_) => unreachable!("made by the host"),
+        Generated::PlanPath(e) => json(&e.instance()),
+        Generated::Sudoku(e) => json(&e.instance()),
+        Generated::Sokoban(e) => json(&e.instance()),
+        Generated::TicTacToe(e) => json(&e.instance()),
     }
 }
 
 /// The reference JSON and difficulty of a generated environment. Solving is the costly
 /// part of generation (minimax, BFS), so it runs only for instances that are kept.
-fn reference_of(env: &AnyEnv) -> (Option<String>, Option<f64>) {
+fn reference_of(env: &Generated) -> (Option<String>, Option<f64>) {
     match env {
-        AnyEnv::PlanPath(e) => {
+        Generated::PlanPath(e) => {
             let path = e.solve().map(|p| e.format_action(&p));
             (path.map(|p| json(&p)), Some(e.shortest() as f64))
         }
-        AnyEnv::Sudoku(e) => (e.solve().map(|s| e.format_action(&s)), Some(e.blanks() as f64)),
-        AnyEnv::Sokoban(e) => {
+        Generated::Sudoku(e) => (e.solve().map(|s| e.format_action(&s)), Some(e.blanks() as f64)),
+        Generated::Sokoban(e) => {
             let moves = e.solve().map(|m| e.format_action(&m));
             let difficulty = moves.as_ref().map(|m| m.len() as f64);
             (moves.map(|m| json(&m)), difficulty)
         }
-        AnyEnv::TicTacToe(e) => {
+        Generated::TicTacToe(e) => {
             let best = e.solve().map(|cell| json(&e.format_action(&cell)));
             let empty = e.cells().iter().filter(|c| c.is_none()).count();
             (best, Some(empty as f64))
         }
-        AnyEnv::Math(_) | AnyEnv::Code(_) => unreachable!("read from files"),
-        AnyEnv::Hosted(_) => unreachable!("made by the host"),
     }
 }
 
 fn generate(
-    env: &EnvConfig,
+    generator: Generator,
+    env: &str,
     run_seed: u64,
     split: u64,
     n: usize,
@@ -344,15 +352,15 @@ fn generate(
             break;
         }
         let seed = stream(&[run_seed, split, index]);
-        let generated = generate_env(env, seed);
+        let generated = generator.generate(seed);
         let instance = instance_of(&generated);
         if !seen.insert(instance.clone()) {
             continue;
         }
         let (reference, difficulty) = reference_of(&generated);
         rows.push(TaskRow {
-            task_id: format!("{}/{name}/{:06}", env.name(), rows.len()),
-            env: env.name().to_string(),
+            task_id: format!("{env}/{name}/{:06}", rows.len()),
+            env: env.to_string(),
             seed,
             instance,
             reference,
@@ -374,26 +382,40 @@ fn generate(
 /// A dataset row: (id, problem text, instance JSON, reference).
 type Record = (String, String, String, Option<String>);
 
-fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
+/// How a dataset file's rows are read.
+#[derive(Clone, Copy)]
+enum Records {
+    Math,
+    Code,
+    /// An agent program's rows, whole.
+    Program,
+}
+
+fn from_files(
+    config: &RunConfig,
+    records: Records,
+    train_n: usize,
+    test_n: usize,
+) -> Result<(Vec<TaskRow>, Vec<TaskRow>), Error> {
     let env = config.env.name();
     let (Some(train_file), Some(test_file)) = (&config.data.train_file, &config.data.test_file) else {
-        unreachable!("config validation requires data.train_file and data.test_file for {}", config.env.name())
+        return Err(Error::NoDataFiles { env });
     };
     let read = |file| -> Result<Vec<Record>, Error> {
-        Ok(match &config.env {
-            EnvConfig::Math(_) => dataset::math_records(file, config.limits.task_bytes)?
+        Ok(match records {
+            Records::Math => dataset::math_records(file, config.limits.task_bytes)?
                 .into_iter()
                 .map(|r| (r.id, r.instance.problem.clone(), json(&r.instance), Some(json(&r.instance.answer))))
                 .collect(),
             // The whole row is the task; it is its own key for holding test rows out.
-            EnvConfig::AgentProgram(_) => dataset::program_records(file, config.limits.task_bytes)?
+            Records::Program => dataset::program_records(file, config.limits.task_bytes)?
                 .into_iter()
                 .map(|r| {
                     let row = json(&r.instance);
                     (r.id, row.clone(), row, None)
                 })
                 .collect(),
-            _ => dataset::code_records(file, config.limits.task_bytes)?
+            Records::Code => dataset::code_records(file, config.limits.task_bytes)?
                 .into_iter()
                 .map(|r| (r.id, r.instance.problem.clone(), json(&r.instance), r.solution.map(|s| json(&s))))
                 .collect(),
@@ -435,13 +457,10 @@ fn from_files(config: &RunConfig, train_n: usize, test_n: usize) -> Result<(Vec<
 }
 
 fn demonstrations(config: &RunConfig, train: &[TaskRow], wanted: usize) -> Result<Vec<DemonstrationRow>, Error> {
-    let plan_path = match &config.env {
-        EnvConfig::PlanPath(c) => c.demonstrations.clone(),
-        EnvConfig::Sudoku(_) | EnvConfig::Sokoban(_) | EnvConfig::TicTacToe(_) => Default::default(),
-        other => {
-            unreachable!("config validation allows warm_start only where demonstrations exist, not {}", other.name())
-        }
+    let EnvSource::Generated(generator) = config.env.source() else {
+        return Err(Error::NoDemonstrations { env: config.env.name() });
     };
+    let plan_path = generator.demonstrations();
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let envs: Vec<AnyEnv> =
         train.iter().map(|t| AnyEnv::from_instance(&config.env, &t.instance)).collect::<Result<_, _>>()?;

@@ -177,7 +177,7 @@ impl Demonstrator {
                 }
                 _ => self.failing(if rng.chance(0.5) { "print(solve())" } else { "print(moves)" }),
             },
-            AnyEnv::TicTacToe(_) | AnyEnv::Math(_) | AnyEnv::Code(_) | AnyEnv::Hosted(_) => {
+            AnyEnv::TicTacToe(_) | AnyEnv::Math(_) | AnyEnv::Code(_) => {
                 unreachable!("no tool agent demonstrations for {}", env.name())
             }
         }
@@ -233,7 +233,7 @@ impl Demonstrator {
                 let choice = if own_right { "player_minimax" } else { "player_first_free" };
                 (game.format_action(&cell), choice)
             }
-            AnyEnv::Math(_) | AnyEnv::Code(_) | AnyEnv::Hosted(_) => {
+            AnyEnv::Math(_) | AnyEnv::Code(_) => {
                 unreachable!("no demonstrations for {}", env.name())
             }
         }

@@ -45,12 +45,9 @@ mod tool_planner;
 mod tool_reasoner;
 mod two_players;
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
 use crate::envs::AnyEnv;
-use crate::envs::hosted::Stepped;
 use crate::sandbox::{Program, RunOutput, Sandbox};
 
 pub use crate::agent::Agent;
@@ -116,7 +113,7 @@ pub enum WorkflowKind {
     /// Two players take turns (tic-tac-toe).
     TwoPlayers,
     /// A hosted environment says whose turn it is and what each agent sees (TextArena,
-    /// a user's own environment).
+    /// a user's own environment, an agent program): play steps those episodes itself.
     Environment,
 }
 
@@ -203,7 +200,7 @@ pub struct TurnOutcome {
 
 impl TurnOutcome {
     /// An outcome before the reply is read: nothing done, nothing earned.
-    fn blank(agent: Agent) -> TurnOutcome {
+    pub(crate) fn blank(agent: Agent) -> TurnOutcome {
         TurnOutcome {
             turn: 0,
             agent,
@@ -228,11 +225,9 @@ enum Workflow {
     ToolReasoner(tool_reasoner::ToolReasoner),
     CoderTester(coder_tester::CoderTester),
     TwoPlayers,
-    /// The moves each agent has made: a hosted episode's turn is the mover's own count.
-    Environment(BTreeMap<Agent, u32>),
 }
 
-/// One episode of a workflow on an environment.
+/// One episode of a workflow on one of petting's own environments.
 #[derive(Debug, Clone)]
 pub struct Episode {
     kind: WorkflowKind,
@@ -259,7 +254,7 @@ impl Episode {
             WorkflowKind::ToolReasoner => Workflow::ToolReasoner(Default::default()),
             WorkflowKind::CoderTester => Workflow::CoderTester(Default::default()),
             WorkflowKind::TwoPlayers => Workflow::TwoPlayers,
-            WorkflowKind::Environment => Workflow::Environment(BTreeMap::new()),
+            WorkflowKind::Environment => return Err(Error::Unsupported { workflow: kind, env: env.name() }),
         };
         let roles = match &env {
             AnyEnv::TicTacToe(game) => two_players::turn_order(game),
@@ -294,24 +289,12 @@ impl Episode {
 
     /// The agent that acts next, or None when the episode is over.
     pub fn next_agent(&self) -> Option<Agent> {
-        match (&self.env, self.done) {
-            (_, true) => None,
-            (AnyEnv::Hosted(hosted), false) => hosted.next_agent(),
-            (_, false) => Some(self.roles[self.next]),
-        }
+        (!self.done).then(|| self.roles[self.next])
     }
 
-    /// The turn the next agent acts in, from 0: in a hosted environment, how many
-    /// moves that agent has made.
+    /// The turn the next agent acts in, from 0.
     pub fn turn(&self) -> u32 {
-        match &self.workflow {
-            // Once over: the most moves an agent made.
-            Workflow::Environment(moves) => match self.next_agent() {
-                Some(agent) => moves.get(&agent).copied().unwrap_or(0),
-                None => moves.values().copied().max().unwrap_or(0),
-            },
-            _ => self.turn,
-        }
+        self.turn
     }
 
     pub fn env(&self) -> &AnyEnv {
@@ -352,9 +335,6 @@ impl Episode {
 
     /// The next agent's prompt (plain text).
     pub fn prompt(&self) -> String {
-        if let AnyEnv::Hosted(hosted) = &self.env {
-            return hosted.prompt(self.turn());
-        }
         let (env, agent, history) = (&self.env, self.roles[self.next], self.shown_history());
         match &self.workflow {
             Workflow::SingleAgent => prompts::single_agent(env, history),
@@ -362,7 +342,6 @@ impl Episode {
             Workflow::ToolReasoner(state) => state.prompt(env, agent, history),
             Workflow::CoderTester(state) => state.prompt(env, agent, history),
             Workflow::TwoPlayers => prompts::player(env, history),
-            Workflow::Environment(_) => unreachable!("an environment workflow plays a hosted episode"),
         }
     }
 
@@ -383,14 +362,6 @@ impl Episode {
         self.step_with(reply, run, sandbox)
     }
 
-    /// A hosted episode made under `id`, at `turn`.
-    pub fn made(&mut self, id: String, turn: &crate::envs::hosted::Turn) -> Result<(), String> {
-        let AnyEnv::Hosted(hosted) = &mut self.env else { unreachable!("made on an episode that is not hosted") };
-        hosted.made(id, turn)?;
-        self.done = hosted.done();
-        Ok(())
-    }
-
     /// [`Episode::step`] with the tool program's output given (None: it has none).
     pub fn step_with(&mut self, reply: &str, tool_run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
         let agent = self.next_agent().expect("step called on a finished episode");
@@ -401,48 +372,11 @@ impl Episode {
             Workflow::ToolReasoner(state) => state.step(env, agent, reply, tool_run, sandbox),
             Workflow::CoderTester(state) => state.step(env, agent, reply, sandbox),
             Workflow::TwoPlayers => two_players::step(env, agent, reply, sandbox),
-            Workflow::Environment(_) => unreachable!("hosted episodes step through play's batches"),
         };
         outcome.turn = self.turn;
         self.record(&outcome);
         self.advance(&mut outcome);
         outcome
-    }
-
-    /// Applies a step the host took for the next agent's reply, under the episode id
-    /// `id` (the fork of this episode the reply was applied to).
-    pub fn step_hosted(&mut self, id: String, reply: &str, stepped: &Stepped) -> Result<TurnOutcome, String> {
-        let agent = self.next_agent().ok_or("step_hosted on a finished episode")?;
-        let turn = self.turn();
-        let (AnyEnv::Hosted(hosted), Workflow::Environment(moves)) = (&mut self.env, &mut self.workflow) else {
-            unreachable!("step_hosted on an episode that is not hosted")
-        };
-        hosted.stepped(id, stepped)?;
-        let made = moves.entry(agent).or_insert(0);
-        *made += 1;
-        let mut outcome = TurnOutcome::blank(agent);
-        outcome.turn = turn;
-        outcome.local_reward = stepped.rewards.get(agent.as_str()).copied().unwrap_or(0.0);
-        if stepped.invalid {
-            outcome.parse_error =
-                Some(if stepped.feedback.is_empty() { "invalid move".into() } else { stepped.feedback.clone() });
-        } else {
-            outcome.action = Some(serde_json::to_string(&shorten(reply.trim(), 200)).expect("a string serialises"));
-        }
-        outcome.feedback = (!stepped.feedback.is_empty()).then(|| stepped.feedback.clone());
-        outcome.credited = stepped
-            .rewards
-            .iter()
-            .filter(|(name, _)| name.as_str() != agent.as_str())
-            .map(|(name, &reward)| Ok((Agent::named(name)?, reward)))
-            .collect::<Result<_, String>>()?;
-        // Out of moves: the next agent has made max_turns already.
-        let next_moves = hosted.next_agent().map_or(0, |next| moves.get(&next).copied().unwrap_or(0));
-        self.done = hosted.done() || next_moves >= self.max_turns;
-        outcome.done = self.done;
-        outcome.team_reward = stepped.team_reward;
-        outcome.success = stepped.success;
-        Ok(outcome)
     }
 
     /// Adds the reply's history line.
@@ -511,7 +445,7 @@ fn env_step(env: &mut AnyEnv, agent: Agent, reply: &str, sandbox: &Sandbox) -> T
     outcome
 }
 
-fn shorten(text: &str, limit: usize) -> String {
+pub(crate) fn shorten(text: &str, limit: usize) -> String {
     if text.chars().count() <= limit {
         text.to_string()
     } else {

@@ -33,7 +33,7 @@ pub fn tool_help(env: &AnyEnv) -> &'static str {
             "Write a Python program that computes the answer from the numbers in the problem and prints only the \
              final answer with print() on the last line."
         }
-        AnyEnv::TicTacToe(_) | AnyEnv::Code(_) | AnyEnv::Hosted(_) => "",
+        AnyEnv::TicTacToe(_) | AnyEnv::Code(_) => "",
     }
 }
 
@@ -57,7 +57,6 @@ pub fn answer_format(env: &AnyEnv) -> String {
         AnyEnv::Math(_) => "Think step by step, then give the final answer in \\boxed{}.",
         AnyEnv::Code(code) if code.is_function_task() => "Reply with the function in one ```python block.",
         AnyEnv::Code(_) => "Reply with the complete program in one ```python block.",
-        AnyEnv::Hosted(_) => "",
     };
     format.to_string()
 }

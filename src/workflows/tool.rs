@@ -28,7 +28,7 @@ pub fn tool_preamble(env: &AnyEnv) -> String {
         AnyEnv::PlanPath(e) => e.tool_preamble(),
         AnyEnv::Sudoku(e) => e.tool_preamble(),
         AnyEnv::Sokoban(e) => e.tool_preamble(),
-        AnyEnv::TicTacToe(_) | AnyEnv::Math(_) | AnyEnv::Code(_) | AnyEnv::Hosted(_) => String::new(),
+        AnyEnv::TicTacToe(_) | AnyEnv::Math(_) | AnyEnv::Code(_) => String::new(),
     }
 }
 

@@ -5,18 +5,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::Session;
+use super::HostSession;
 
 #[derive(Debug)]
 pub struct Judge {
-    pub session: Arc<Session>,
+    pub session: Arc<HostSession>,
     /// The task row the scorer is given.
     pub row: serde_json::Value,
     scores: Mutex<HashMap<String, f64>>,
 }
 
 impl Judge {
-    pub fn new(session: Arc<Session>, row: serde_json::Value) -> Judge {
+    pub fn new(session: Arc<HostSession>, row: serde_json::Value) -> Judge {
         Judge { session, row, scores: Mutex::default() }
     }
 

@@ -256,15 +256,6 @@ pub enum HostedConfig<'a> {
 }
 
 impl HostedConfig<'_> {
-    fn name(&self) -> &'static str {
-        match self {
-            HostedConfig::TextArena(_) => "textarena",
-            HostedConfig::External(_) => "external",
-            HostedConfig::ReasoningGym(_) => "reasoning_gym",
-            HostedConfig::Rewards { .. } => "rewards",
-        }
-    }
-
     /// Whether the host holds the episodes (rather than only making and scoring tasks).
     pub fn holds_episodes(&self) -> bool {
         !matches!(self, HostedConfig::ReasoningGym(_) | HostedConfig::Rewards { .. })
@@ -354,18 +345,17 @@ impl HostedConfig<'_> {
 
 /// A started host and what every episode of it shares.
 #[derive(Debug)]
-pub struct Session {
+pub struct HostSession {
     pub host: Host,
-    name: &'static str,
     prompt: String,
     next_id: AtomicU64,
 }
 
-impl Session {
+impl HostSession {
     /// Starts the host of `config` and checks that the agents of an environment it
     /// holds the episodes of are `agents`; its messages are bounded by `message_bytes`
     /// (`limits.host_message_bytes`).
-    pub fn start(config: HostedConfig, agents: &[Agent], message_bytes: u64) -> Result<Arc<Session>, host::Error> {
+    pub fn start(config: HostedConfig, agents: &[Agent], message_bytes: u64) -> Result<Arc<HostSession>, host::Error> {
         let launch = config
             .launch(message_bytes)
             .map_err(|source| host::Error::Start { command: "petting_env".into(), source })?;
@@ -377,13 +367,7 @@ impl Session {
         if config.holds_episodes() && expected != named {
             return Err(host::Error::Agents { named, expected });
         }
-        let name = config.name();
-        Ok(Arc::new(Session { host, name, prompt: config.prompt().to_string(), next_id: AtomicU64::new(0) }))
-    }
-
-    /// The environment's name (`env.name`).
-    pub fn name(&self) -> &'static str {
-        self.name
+        Ok(Arc::new(HostSession { host, prompt: config.prompt().to_string(), next_id: AtomicU64::new(0) }))
     }
 
     /// A fresh episode id.
@@ -395,7 +379,7 @@ impl Session {
 /// One hosted episode, as the workflows see it: its id in the host and its turn.
 #[derive(Debug, Clone)]
 pub struct Hosted {
-    session: Arc<Session>,
+    session: Arc<HostSession>,
     /// The task row, as the host's `make` receives it.
     task: Value,
     seed: u64,
@@ -409,7 +393,7 @@ pub struct Hosted {
 
 impl Hosted {
     /// An episode of `instance` (a `tasks` row's JSON), not yet made in the host.
-    pub fn new(session: &Arc<Session>, instance: &str, seed: u64) -> Result<Hosted, super::Error> {
+    pub fn new(session: &Arc<HostSession>, instance: &str, seed: u64) -> Result<Hosted, super::Error> {
         let task: Value = serde_json::from_str(instance)
             .map_err(|e| super::Error::Instance { env: "hosted", reason: e.to_string() })?;
         Ok(Hosted {
@@ -422,10 +406,6 @@ impl Hosted {
             success: false,
             team_reward: 0.0,
         })
-    }
-
-    pub fn session(&self) -> &Arc<Session> {
-        &self.session
     }
 
     pub fn id(&self) -> &str {

@@ -116,7 +116,7 @@ struct Waiting {
 /// A stage's programs, started before its policies are loaded: the endpoint listens and
 /// the first `env.concurrency` programs import their interpreter and framework meanwhile;
 /// their calls wait for [`play`]. Dropped unplayed, the programs are killed.
-pub struct Started<'a> {
+pub struct Running<'a> {
     programs: &'a Programs,
     endpoint: Endpoint,
     events: Sender<Event>,
@@ -127,7 +127,7 @@ pub struct Started<'a> {
     task_files: tempfile::TempDir,
 }
 
-impl Drop for Started<'_> {
+impl Drop for Running<'_> {
     fn drop(&mut self) {
         kill_running(&self.episodes);
     }
@@ -135,7 +135,7 @@ impl Drop for Started<'_> {
 
 /// Starts the endpoint and the first programs of every task's episodes,
 /// `setup.episodes_per_task()` each.
-pub fn start<'a>(programs: &'a Programs, setup: &Setup) -> Result<Started<'a>, Error> {
+pub fn start<'a>(programs: &'a Programs, setup: &Setup) -> Result<Running<'a>, Error> {
     let episodes: Vec<Episode> = (0..programs.tasks.len())
         .flat_map(|task_index| {
             (0..setup.episodes_per_task()).map(move |episode_index| Episode {
@@ -153,40 +153,40 @@ pub fn start<'a>(programs: &'a Programs, setup: &Setup) -> Result<Started<'a>, E
     let roles: Vec<String> = programs.team.iter().map(|a| a.to_string()).collect();
     let endpoint = Endpoint::start(roles, events.clone(), programs.limits.request_bytes).map_err(Error::Endpoint)?;
     let task_files = task_files(&programs.tasks).map_err(Error::TaskFiles)?;
-    let mut started = Started { programs, endpoint, events, received, episodes, launched: 0, task_files };
-    let first = (programs.config.concurrency as usize).min(started.episodes.len());
+    let mut running = Running { programs, endpoint, events, received, episodes, launched: 0, task_files };
+    let first = (programs.config.concurrency as usize).min(running.episodes.len());
     for index in 0..first {
-        let tasks = started.task_files.path();
-        launch(programs, &started.endpoint, &started.events, tasks, &mut started.episodes[index], index);
+        let tasks = running.task_files.path();
+        launch(programs, &running.endpoint, &running.events, tasks, &mut running.episodes[index], index);
     }
-    started.launched = first;
-    Ok(started)
+    running.launched = first;
+    Ok(running)
 }
 
 /// Plays the started episodes to their end, starting the rest as programs finish.
 pub fn play(
-    mut started: Started,
+    mut running: Running,
     setup: &Setup,
     responder: &mut dyn Responder,
     progress: &dyn Progress,
 ) -> Result<Played, Error> {
-    progress.advance(started.episodes.iter().filter(|e| e.failure.is_some()).count() as u64, 0);
-    let programs = started.programs;
+    progress.advance(running.episodes.iter().filter(|e| e.failure.is_some()).count() as u64, 0);
+    let programs = running.programs;
     let mut dispatcher = Dispatcher {
         programs,
         setup,
         responder,
         progress,
-        endpoint: &started.endpoint,
-        events: started.events.clone(),
-        task_files: started.task_files.path(),
+        endpoint: &running.endpoint,
+        events: running.events.clone(),
+        task_files: running.task_files.path(),
         model: Duration::ZERO,
     };
-    let result = dispatcher.run(&mut started.episodes, &started.received, started.launched);
+    let result = dispatcher.run(&mut running.episodes, &running.received, running.launched);
     let model = dispatcher.model;
-    kill_running(&started.episodes);
+    kill_running(&running.episodes);
     result?;
-    played(programs, setup, std::mem::take(&mut started.episodes), model)
+    played(programs, setup, std::mem::take(&mut running.episodes), model)
 }
 
 struct Dispatcher<'a> {
@@ -585,16 +585,11 @@ fn played(programs: &Programs, setup: &Setup, episodes: Vec<Episode>, model: Dur
                 reply: call.reply,
                 outcome: TurnOutcome {
                     turn: call.turn,
-                    agent: call.agent,
-                    action: None,
-                    shown: None,
-                    parse_error: None,
-                    feedback: None,
                     local_reward: verdict.map_or(0.0, |v| v.local_reward(call.agent)),
                     team_reward,
                     done,
                     success: done && success,
-                    credited: Vec::new(),
+                    ..TurnOutcome::blank(call.agent)
                 },
             });
         }

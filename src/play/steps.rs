@@ -1,0 +1,297 @@
+//! The stepping loop: every live episode's next prompt sampled in one batch per policy,
+//! each reply stepped on its own copy of its episode, the best copy continued. How the
+//! replies move the episodes ([`Stepping`]: petting's workflows, or an environment host)
+//! is chosen once, before the loop.
+
+use std::time::{Duration, Instant};
+
+use crate::engine::{Prompt, Reply, Responder};
+use crate::progress::Progress;
+use crate::rng::{stream, text_key};
+use crate::workflows::{Agent, TurnOutcome};
+
+use super::{Branching, Candidate, Error, Finished, OverlongPrompt, Played, Selection, Setup};
+
+/// What the loop reads of an episode, whoever steps it.
+pub(super) trait Turns: Clone {
+    /// The agent to act, or None once the episode is over.
+    fn next_agent(&self) -> Option<Agent>;
+    /// The turn the next agent acts in, from 0.
+    fn turn(&self) -> u32;
+    /// The next agent's prompt.
+    fn prompt(&self) -> String;
+    fn is_done(&self) -> bool;
+    /// How it ended: a [`Finished`] without its place and tokens.
+    fn ended(&self, task_index: usize, episode: u32, tokens: u64) -> Finished;
+}
+
+/// How a step's replies move the episodes.
+pub(super) trait Stepping {
+    type Episode: Turns;
+
+    /// Plays the turns no model samples (the solver's opponent) before each step.
+    fn play_scripted(&self, _tracks: &mut [Track<Self::Episode>]) {}
+
+    /// Steps one copy of its track's episode per reply.
+    fn step(
+        &self,
+        tracks: &[Track<Self::Episode>],
+        live: &[usize],
+        step: &SampledStep,
+    ) -> Result<Outcomes<Self::Episode>, Error>;
+
+    /// Episodes nothing continues any more (a host forgets them).
+    fn retire(&self, _episodes: &[&Self::Episode]) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// What one step's replies did.
+pub(super) struct Outcomes<E> {
+    /// Each reply's copy of its episode and outcome: `branches` per live track, in order.
+    pub branches: Vec<(E, TurnOutcome)>,
+    /// Wall time spent running tool programs.
+    pub sandbox_time: Duration,
+}
+
+/// The live episodes of one task (one in tree mode, K in independent mode).
+pub(super) struct Track<E> {
+    pub task_index: usize,
+    pub episode_index: u32,
+    pub episode: E,
+    next_node: u32,
+    parent: Option<u32>,
+    tokens: u64,
+}
+
+impl<E> Track<E> {
+    pub fn new(task_index: usize, episode_index: u32, episode: E) -> Track<E> {
+        Track { task_index, episode_index, episode, next_node: 0, parent: None, tokens: 0 }
+    }
+}
+
+/// The replies of one step: `branches` per live track, in track order.
+pub(super) struct SampledStep {
+    pub replies: Vec<(u64, Reply)>,
+    policy_of: Vec<String>,
+    /// The prompt of each live track.
+    messages: Vec<String>,
+}
+
+/// Plays every track to its end, reporting finished episodes and sampled tokens to
+/// `progress` as they come. `task_ids` key each task's random streams.
+pub(super) fn play<S: Stepping>(
+    stepping: S,
+    mut tracks: Vec<Track<S::Episode>>,
+    task_ids: &[&str],
+    setup: &Setup,
+    responder: &mut dyn Responder,
+    progress: &dyn Progress,
+) -> Result<Played, Error> {
+    let task_keys: Vec<u64> = task_ids.iter().map(|id| text_key(id)).collect();
+    let mut candidates = Vec::new();
+    let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
+    let mut skipped: Vec<usize> = Vec::new();
+    loop {
+        stepping.play_scripted(&mut tracks);
+        if setup.overlong_prompt == OverlongPrompt::Skip {
+            skipped.extend(overlong_tasks(setup, &tracks, &skipped, responder)?);
+        }
+        let live: Vec<usize> = (0..tracks.len())
+            .filter(|&i| !tracks[i].episode.is_done() && !skipped.contains(&tracks[i].task_index))
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let started = Instant::now();
+        let step = sample_step(&task_keys, setup, &tracks, &live, responder)?;
+        model += started.elapsed();
+        let stepped = stepping.step(&tracks, &live, &step)?;
+        sandboxed += stepped.sandbox_time;
+        let tokens: u64 = step.replies.iter().map(|(_, reply)| reply.tokens.len() as u64).sum();
+        let retired = continue_best(setup, &mut tracks, &live, step, stepped.branches, &mut candidates);
+        stepping.retire(&retired.iter().collect::<Vec<_>>())?;
+        let ended = live.iter().filter(|&&t| tracks[t].episode.is_done()).count();
+        progress.advance(ended as u64, tokens);
+    }
+    stepping.retire(&tracks.iter().map(|t| &t.episode).collect::<Vec<_>>())?;
+    skipped.sort_unstable();
+    candidates.retain(|c: &Candidate| !skipped.contains(&c.task_index));
+    let finished = tracks
+        .iter()
+        .filter(|t| !skipped.contains(&t.task_index))
+        .map(|t| t.episode.ended(t.task_index, t.episode_index, t.tokens))
+        .collect();
+    Ok(Played {
+        candidates,
+        finished,
+        model_seconds: model.as_secs_f64(),
+        sandbox_seconds: sandboxed.as_secs_f64(),
+        skipped,
+    })
+}
+
+/// Records every reply of the step as a candidate and continues each track with its
+/// best branch. Returns the episodes the step left behind: where the branches were
+/// copies, the episode they were copied from and every branch but the best.
+fn continue_best<E: Turns>(
+    setup: &Setup,
+    tracks: &mut [Track<E>],
+    live: &[usize],
+    step: SampledStep,
+    stepped: Vec<(E, TurnOutcome)>,
+    candidates: &mut Vec<Candidate>,
+) -> Vec<E> {
+    let branches = setup.branches() as usize;
+    let mut retired = Vec::new();
+    let mut replies = step.replies.into_iter();
+    let mut stepped = stepped.into_iter();
+    for (slot, &t) in live.iter().enumerate() {
+        let track = &mut tracks[t];
+        let outcomes: Vec<(E, TurnOutcome)> = stepped.by_ref().take(branches).collect();
+        let best = select(setup.branching, outcomes.iter().map(|(_, o)| o));
+        let (turn, agent) = (track.episode.turn(), track.episode.next_agent().expect("live"));
+        let node_base = track.next_node;
+        for (b, ((_, outcome), (seed, reply))) in outcomes.iter().zip(replies.by_ref()).enumerate() {
+            track.tokens += reply.tokens.len() as u64;
+            candidates.push(Candidate {
+                task_index: track.task_index,
+                episode: track.episode_index,
+                turn,
+                agent,
+                policy: step.policy_of[slot].clone(),
+                branch: b as u32,
+                node_id: node_base + b as u32,
+                parent_id: track.parent,
+                selected: b == best,
+                seed,
+                message: step.messages[slot].clone(),
+                reply,
+                outcome: outcome.clone(),
+            });
+        }
+        track.next_node += branches as u32;
+        track.parent = Some(node_base + best as u32);
+        credit(candidates, track, &outcomes[best].1.credited);
+        for (b, (episode, _)) in outcomes.into_iter().enumerate() {
+            if b == best {
+                let left = std::mem::replace(&mut track.episode, episode);
+                if branches > 1 {
+                    retired.push(left);
+                }
+            } else {
+                retired.push(episode);
+            }
+        }
+    }
+    retired
+}
+
+/// Adds rewards a step credited to other agents (a game's final result) to each one's
+/// latest turn on this track's trajectory.
+fn credit<E>(candidates: &mut [Candidate], track: &Track<E>, credited: &[(Agent, f64)]) {
+    for &(agent, reward) in credited {
+        let latest = candidates.iter_mut().rev().find(|c| {
+            c.task_index == track.task_index && c.episode == track.episode_index && c.agent == agent && c.selected
+        });
+        if let Some(candidate) = latest {
+            candidate.outcome.local_reward += reward;
+        }
+    }
+}
+
+/// The tasks, not yet skipped, one of whose live episodes would next send a prompt
+/// longer than the limit: the whole task goes, so that no group is left half sampled.
+fn overlong_tasks<E: Turns>(
+    setup: &Setup,
+    tracks: &[Track<E>],
+    skipped: &[usize],
+    responder: &mut dyn Responder,
+) -> Result<Vec<usize>, Error> {
+    let mut found: Vec<usize> = Vec::new();
+    for track in tracks {
+        let task = track.task_index;
+        if track.episode.is_done() || skipped.contains(&task) || found.contains(&task) {
+            continue;
+        }
+        let agent = track.episode.next_agent().expect("live");
+        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+        if !responder.fits(policy, &track.episode.prompt())? {
+            found.push(task);
+        }
+    }
+    Ok(found)
+}
+
+/// Samples `branches` replies per live track, one responder call per policy.
+fn sample_step<E: Turns>(
+    task_keys: &[u64],
+    setup: &Setup,
+    tracks: &[Track<E>],
+    live: &[usize],
+    responder: &mut dyn Responder,
+) -> Result<SampledStep, Error> {
+    // (policy, prompt) per reply slot, then one responder call per policy.
+    let mut wanted: Vec<(String, Prompt)> = Vec::new();
+    let mut policy_of = Vec::new();
+    let mut messages = Vec::new();
+    for &t in live {
+        let track = &tracks[t];
+        let agent = track.episode.next_agent().expect("live");
+        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+        // A hosted environment's agents are named at run time: their names key the seeds.
+        let role_index = match setup.workflow.agents().iter().position(|r| *r == agent) {
+            Some(index) => index as u64,
+            None => text_key(agent.as_str()),
+        };
+        let text = track.episode.prompt();
+        let place = [task_keys[track.task_index], track.episode_index as u64, track.episode.turn() as u64, role_index];
+        for b in 0..setup.branches() {
+            let keys: Vec<u64> = setup.seed_keys.iter().copied().chain(place).chain([b as u64]).collect();
+            wanted.push((policy.clone(), Prompt::message(text.clone(), stream(&keys))));
+        }
+        policy_of.push(policy.clone());
+        messages.push(text);
+    }
+    Ok(SampledStep { replies: respond(wanted, responder)?, policy_of, messages })
+}
+
+/// Every wanted prompt's reply, in order, with one responder call per policy.
+fn respond(wanted: Vec<(String, Prompt)>, responder: &mut dyn Responder) -> Result<Vec<(u64, Reply)>, Error> {
+    let mut replies: Vec<Option<(u64, Reply)>> = vec![None; wanted.len()];
+    let mut by_policy: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, (policy, _)) in wanted.iter().enumerate() {
+        match by_policy.iter_mut().find(|(p, _)| *p == policy.as_str()) {
+            Some((_, slots)) => slots.push(i),
+            None => by_policy.push((policy.as_str(), vec![i])),
+        }
+    }
+    for (policy, slots) in by_policy {
+        let prompts: Vec<Prompt> = slots.iter().map(|&i| wanted[i].1.clone()).collect();
+        let answered = responder.respond(policy, &prompts)?;
+        if answered.len() != prompts.len() {
+            return Err(Error::ReplyCount { asked: prompts.len(), got: answered.len() });
+        }
+        for (&i, reply) in slots.iter().zip(answered) {
+            replies[i] = Some((wanted[i].1.seed, reply));
+        }
+    }
+    Ok(replies.into_iter().map(|r| r.expect("every slot answered")).collect())
+}
+
+/// The branch that continues the trajectory.
+fn select<'a>(branching: Branching, outcomes: impl Iterator<Item = &'a TurnOutcome>) -> usize {
+    match branching {
+        Branching::Independent { .. } | Branching::Tree { select: Selection::First, .. } => 0,
+        Branching::Tree { select: Selection::BestReward, alpha, .. } => {
+            let mut best = (0, f64::NEG_INFINITY);
+            for (b, o) in outcomes.enumerate() {
+                let r = crate::algo::mixed_reward(alpha, o.team_reward, o.local_reward);
+                if r > best.1 {
+                    best = (b, r);
+                }
+            }
+            best.0
+        }
+    }
+}
