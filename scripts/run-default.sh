@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/install/machine-cache.sh
 
 scripts/install/libtorch.sh
-cargo run --locked --quiet -- pipeline run pipelines/plan-path.yaml "$@"
+if [[ ! -x target/debug/petting ]]; then
+    echo "run-default: building petting and its dependencies (about 28 minutes on 2 cores the first time, seconds after)" >&2
+fi
+cargo run --locked -- pipeline run pipelines/plan-path.yaml "$@"

@@ -27,6 +27,7 @@ pub mod stages;
 pub mod store;
 pub mod tables;
 pub mod tasks;
+pub mod tracking;
 pub mod validate;
 pub mod workflows;
 

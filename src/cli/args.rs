@@ -54,7 +54,7 @@ pub enum Command {
     /// agent turn: the prompt as the user message, the reply as the assistant's).
     Export(ExportArgs),
     /// Write an HTML page with charts (success, rewards, lengths, PPO statistics, time per
-    /// stage) and the trees of the best and worst groups, viewable without a network.
+    /// stage) and the trees of the groups whose rewards spread the most, viewable without a network.
     Report(ReportArgs),
     /// Compare runs: held-out success per method (rows) and task (columns), averaged over
     /// seeds, with Δ against the untrained single agent; also writes a CSV, a bar chart and
@@ -551,8 +551,8 @@ pub struct ExportArgs {
     pub iteration: u32,
     #[arg(long, value_enum, default_value_t = ExportFormat::Jsonl)]
     pub format: ExportFormat,
-    /// The file to write (JSON Lines go to standard output without it).
-    #[arg(long)]
+    /// The file to write (JSON Lines go to standard output without it; Parquet needs it).
+    #[arg(long, required_if_eq("format", "parquet"))]
     pub output: Option<PathBuf>,
 }
 
@@ -585,6 +585,11 @@ pub struct CompareArgs {
     /// each run's final version.
     #[arg(long, value_name = "VERSION")]
     pub at: Option<u32>,
+    /// Label every run's rows with this setting of its config, e.g. `--label algorithm.credit`
+    /// (repeatable). Without it only runs of one method, task and seed are labelled, by the
+    /// settings that differ between them, or by run name.
+    #[arg(long, value_name = "KEY")]
+    pub label: Vec<String>,
     /// json: the table's cells, as compare.csv has them.
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,

@@ -114,21 +114,38 @@ fn gpus() -> Check {
     }
 }
 
-/// The Python that environment hosts and agent programs run with, and which of the
-/// integrations it can import.
+/// The Python that environment hosts and agent programs run with, which of the
+/// integrations it can import, and how to install the others.
 fn python() -> Check {
+    use petting::envs::hosted::host::INTEGRATIONS;
     let python = petting::envs::hosted::interpreter(None);
-    let probe = "import sys, importlib.util as u\n\
-                 found = [m for m in ['textarena', 'reasoning_gym', 'openai', 'agents', 'langgraph', 'autogen_agentchat'] if u.find_spec(m)]\n\
-                 print(sys.version.split()[0], ', '.join(found) or 'none of the integrations')";
-    match Command::new(&python).args(["-c", probe]).output() {
-        Ok(out) if out.status.success() => {
-            let found = String::from_utf8_lossy(&out.stdout).trim().replacen(' ', " (imports: ", 1);
-            check("Python", Status::Ok, format!("{} {found})", python.display()))
+    let modules: Vec<&str> = INTEGRATIONS.iter().map(|(module, _)| *module).collect();
+    let probe = format!(
+        "import sys, importlib.util as u\nprint(sys.version.split()[0])\nprint(' '.join(m for m in {modules:?} if u.find_spec(m)))"
+    );
+    let out = match Command::new(&python).args(["-c", &probe]).output() {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => return check("Python", Status::Note, format!("{} fails: {}", python.display(), tail(&out.stderr))),
+        Err(e) => {
+            return check("Python", Status::Note, format!("{} cannot run: {e} (set PETTING_PYTHON)", python.display()));
         }
-        Ok(out) => check("Python", Status::Note, format!("{} fails: {}", python.display(), tail(&out.stderr))),
-        Err(e) => check("Python", Status::Note, format!("{} cannot run: {e} (set PETTING_PYTHON)", python.display())),
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let version = lines.next().unwrap_or_default();
+    let found: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let missing: Vec<&str> =
+        INTEGRATIONS.iter().filter(|(module, _)| !found.contains(module)).map(|(_, package)| *package).collect();
+    let imports = if found.is_empty() { "none of the integrations".to_string() } else { found.join(", ") };
+    let mut line = format!("{} {version} (imports: {imports})", python.display());
+    if !missing.is_empty() {
+        line += &format!(
+            "; for the others run scripts/install/python-tools.sh (into the checkout's .venv) or `{} -m pip install {}`",
+            python.display(),
+            missing.join(" ")
+        );
     }
+    check("Python", Status::Ok, line)
 }
 
 async fn vllm_server(url: &str) -> Check {

@@ -1,6 +1,6 @@
 use std::io::Write;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use petting::inspect::{self, export};
 use petting::store::RunStore;
 
@@ -20,7 +20,6 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<()> {
             std::fs::write(path, &bytes).with_context(|| format!("cannot write {}", path.display()))?;
             eprintln!("wrote {} transcripts to {}", transcripts.len(), path.display());
         }
-        None if args.format == ExportFormat::Parquet => bail!("--format parquet needs --output FILE"),
         None => std::io::stdout().write_all(&bytes)?,
     }
     Ok(())

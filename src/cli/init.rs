@@ -52,7 +52,7 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
          # Every key, its type, default and meaning: docs/configuration.md (petting config schema --format markdown).\n\n",
         env!("CARGO_PKG_VERSION"),
     );
-    std::fs::write(&file, header + &localised(text, checkout.as_deref()))?;
+    std::fs::write(&file, header + &localised(text, source, checkout.as_deref()))?;
     for (name, text) in beside {
         std::fs::write(args.dir.join(name), text)?;
     }
@@ -74,12 +74,15 @@ fn checkout() -> Option<PathBuf> {
 }
 
 /// The shipped text with its paths made to work from any folder: the run's store beside
-/// the file, the checkout's models and datasets by absolute path.
-fn localised(text: &str, checkout: Option<&Path>) -> String {
+/// the file, the checkout's models, datasets and install scripts by absolute path, and
+/// the commands in its comments naming the new file instead of the shipped one.
+fn localised(text: &str, source: &str, checkout: Option<&Path>) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
-        let mut line = line.replace("../../runs/", "runs/").replace("../runs/", "runs/");
+        let mut line =
+            line.replace("../../runs/", "runs/").replace("../runs/", "runs/").replace(source, "iteration.yaml");
         if let Some(root) = checkout {
+            line = line.replace(" scripts/install/", &format!(" {}/scripts/install/", root.display()));
             for folder in ["models/", "datasets/"] {
                 let absolute = format!("{}/{folder}", root.display());
                 line = line.replace(&format!("../../{folder}"), &absolute).replace(&format!("../{folder}"), &absolute);
@@ -96,13 +99,14 @@ mod tests {
 
     #[test]
     fn paths_point_into_the_checkout_and_the_store_beside_the_file() {
-        let text =
-            "store: ../runs/math\n    model: ../models/smollm2   # ../models/ again\n  path: ../../datasets/a.jsonl\n";
-        let out = localised(text, Some(Path::new("/src/petting")));
+        let text = "# (first: scripts/install/models.sh smollm2)\n#   petting pipeline run pipelines/math.yaml\n\
+                    store: ../runs/math\n    model: ../models/smollm2   # ../models/ again\n  path: ../../datasets/a.jsonl\n";
+        let out = localised(text, "pipelines/math.yaml", Some(Path::new("/src/petting")));
         assert_eq!(
             out,
-            "store: runs/math\n    model: /src/petting/models/smollm2   # /src/petting/models/ again\n  path: /src/petting/datasets/a.jsonl\n"
+            "# (first: /src/petting/scripts/install/models.sh smollm2)\n#   petting pipeline run iteration.yaml\n\
+             store: runs/math\n    model: /src/petting/models/smollm2   # /src/petting/models/ again\n  path: /src/petting/datasets/a.jsonl\n"
         );
-        assert!(localised(text, None).contains("model: ../models/smollm2"));
+        assert!(localised(text, "pipelines/math.yaml", None).contains("model: ../models/smollm2"));
     }
 }

@@ -113,6 +113,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// Seconds as `45 s`, `14m 02s` or `2h 05m`, for lines a person reads.
+fn human_seconds(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{}m {:02}s", s / 60, s % 60),
+        _ => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 /// `1.2 MiB`-style sizes for tables a person reads.
 fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -1,3 +1,5 @@
+use std::time::Instant;
+
 use petting::config;
 use petting::pipeline::{self, Lane, driver};
 use petting::store::{RunStore, Stage};
@@ -22,9 +24,10 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     let draft = config::read(&args.config, &args.overrides)?;
     // Rank 0 speaks for all.
     let speaks = world.as_ref().is_none_or(|w| w.rank == 0);
+    let mut pace = Pace::new();
     let print = &mut |event: driver::Event| {
         if speaks {
-            print(event)
+            print(event, &mut pace)
         }
     };
     if speaks {
@@ -88,7 +91,7 @@ pub async fn run(args: PipelineRunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print(event: driver::Event) {
+fn print(event: driver::Event, pace: &mut Pace) {
     match event {
         driver::Event::ConfigChanged { recorded_as } => {
             println!("config changed since the run started; recorded as {recorded_as}")
@@ -104,8 +107,42 @@ fn print(event: driver::Event) {
             println!("retention: pruned {files} checkpoint files, {}", super::human_bytes(bytes))
         }
         driver::Event::Pruned { .. } => {}
-        driver::Event::IterationDone { summary, .. } | driver::Event::Finished { summary } => println!("{summary}"),
+        driver::Event::TrackerFailed { stage, reason } => eprintln!("warning: tracking of {stage}: {reason}"),
+        driver::Event::IterationDone { iteration, iterations, summary } => {
+            println!("{}\n{summary}", pace.iteration_done(iteration, iterations))
+        }
+        driver::Event::Finished { summary } => println!("{summary}"),
     }
+}
+
+/// Where a run is and when it will end, at the pace of the iterations this process
+/// finished (a resumed run's earlier ones ran at another time, maybe on another machine).
+struct Pace {
+    started: Instant,
+    finished_here: u32,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace { started: Instant::now(), finished_here: 0 }
+    }
+
+    fn iteration_done(&mut self, iteration: u32, iterations: u32) -> String {
+        self.finished_here += 1;
+        let now = chrono::Utc::now().format("%H:%M:%S UTC");
+        pace_line(iteration + 1, iterations, self.started.elapsed().as_secs_f64(), self.finished_here, &now.to_string())
+    }
+}
+
+/// `[21:43:05 UTC] 3/10 iterations done · elapsed 14m 02s · ETA 32m 45s`: `done` of `total`
+/// iterations, the last `finished_here` of them in `elapsed` seconds.
+fn pace_line(done: u32, total: u32, elapsed: f64, finished_here: u32, now: &str) -> String {
+    let left = total.saturating_sub(done);
+    let eta = match left {
+        0 => "done".to_string(),
+        _ => format!("ETA {}", super::human_seconds(elapsed / f64::from(finished_here.max(1)) * f64::from(left))),
+    };
+    format!("[{now}] {done}/{total} iterations done · elapsed {} · {eta}", super::human_seconds(elapsed))
 }
 
 /// Prints the run's steps in schedule order: each `petting stage` command, the stage
@@ -149,4 +186,20 @@ pub fn plan(args: &PipelinePlanArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pace_line_projects_the_iterations_left_at_this_process_pace() {
+        assert_eq!(
+            pace_line(3, 10, 842.0, 3, "21:43:05 UTC"),
+            "[21:43:05 UTC] 3/10 iterations done · elapsed 14m 02s · ETA 32m 45s"
+        );
+        // Resumed at iteration 8: two iterations here, 100 s each.
+        assert_eq!(pace_line(9, 10, 200.0, 2, "t"), "[t] 9/10 iterations done · elapsed 3m 20s · ETA 1m 40s");
+        assert_eq!(pace_line(30, 30, 7500.0, 30, "t"), "[t] 30/30 iterations done · elapsed 2h 05m · done");
+    }
 }

@@ -34,7 +34,14 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<()> {
         }
         runs.push(run);
     }
+    compare::label_runs(&mut runs, &args.label)?;
     let table = compare::table(&runs, args.at);
+    let single_seed = table.rows.iter().flat_map(|(_, cells)| cells.iter().flatten()).filter(|c| c.seeds < 2).count();
+    if single_seed > 0 {
+        eprintln!(
+            "note: {single_seed} cells have one seed: their ± 0.0 is no measured spread; run more seeds to compare them"
+        );
+    }
     let written = compare::write_comparison(&runs, &table, &args.output)?;
     match args.format {
         Format::Text => {

@@ -1,9 +1,11 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use arrow::datatypes::SchemaRef;
+use arrow::array::{ArrayRef, AsArray, StringArray};
+use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::execution::SendableRecordBatchStream;
 use futures::StreamExt;
@@ -97,8 +99,10 @@ async fn write_table(
     mut stream: SendableRecordBatchStream,
     sink: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    let shown = shown_schema(schema);
     let print = |sink: &mut dyn Write, block: &[RecordBatch]| -> anyhow::Result<()> {
-        writeln!(sink, "{}", arrow::util::pretty::pretty_format_batches_with_schema(schema.clone(), block)?)?;
+        let block: Vec<RecordBatch> = block.iter().map(|b| floats_shown(b, &shown)).collect::<Result<_, _>>()?;
+        writeln!(sink, "{}", arrow::util::pretty::pretty_format_batches_with_schema(shown.clone(), &block)?)?;
         Ok(())
     };
     let (mut block, mut in_block, mut rows) = (Vec::new(), 0, 0);
@@ -120,6 +124,67 @@ async fn write_table(
     }
     writeln!(sink, "({rows} row{})", if rows == 1 { "" } else { "s" })?;
     Ok(())
+}
+
+/// The table format's columns: floats as the text [`float_shown`] gives, the rest as is.
+fn shown_schema(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Float32 | DataType::Float64 => Field::new(f.name(), DataType::Utf8, f.is_nullable()),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+fn floats_shown(batch: &RecordBatch, shown: &SchemaRef) -> arrow::error::Result<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|column| -> ArrayRef {
+            match column.data_type() {
+                DataType::Float64 => Arc::new(
+                    column
+                        .as_primitive::<Float64Type>()
+                        .iter()
+                        .map(|x| x.map(|x| float_shown(x, 10)))
+                        .collect::<StringArray>(),
+                ),
+                DataType::Float32 => Arc::new(
+                    column
+                        .as_primitive::<Float32Type>()
+                        .iter()
+                        .map(|x| x.map(|x| float_shown(x.into(), 7)))
+                        .collect::<StringArray>(),
+                ),
+                _ => column.clone(),
+            }
+        })
+        .collect();
+    RecordBatch::try_new(shown.clone(), columns)
+}
+
+/// A float to `digits` significant digits without trailing zeros, so that a sum's
+/// rounding (`1057.8340150000001`) does not reach the table; CSV, JSON and Parquet keep
+/// every bit.
+fn float_shown(x: f64, digits: i32) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return x.to_string();
+    }
+    let magnitude = x.abs().log10().floor() as i32;
+    if !(-5..15).contains(&magnitude) {
+        let text = format!("{:.*e}", (digits - 1) as usize, x);
+        let (mantissa, exponent) = text.split_once('e').expect("an exponent");
+        return format!("{}e{exponent}", trimmed(mantissa));
+    }
+    let decimals = (digits - 1 - magnitude).max(0) as usize;
+    trimmed(&format!("{x:.decimals$}")).to_string()
+}
+
+fn trimmed(number: &str) -> &str {
+    if number.contains('.') { number.trim_end_matches('0').trim_end_matches('.') } else { number }
 }
 
 /// A psql-like prompt: statements end with `;` and may span lines; `\d` lists tables,
@@ -202,4 +267,22 @@ fn history_file() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/state")))?;
     Some(state.join("petting").join("sql_history"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_show_ten_significant_digits_without_trailing_zeros() {
+        assert_eq!(float_shown(1057.8340150000001, 10), "1057.834015");
+        assert_eq!(float_shown(0.1 + 0.2, 10), "0.3");
+        assert_eq!(float_shown(-2.5, 10), "-2.5");
+        assert_eq!(float_shown(3.0, 10), "3");
+        assert_eq!(float_shown(123456789012.75, 10), "123456789013");
+        assert_eq!(float_shown(1.234e-7, 10), "1.234e-7");
+        assert_eq!(float_shown(6.02e23, 10), "6.02e23");
+        assert_eq!(float_shown(f64::from(0.1f32), 7), "0.1");
+        assert_eq!(float_shown(f64::NAN, 10), "NaN");
+    }
 }

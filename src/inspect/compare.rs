@@ -5,7 +5,9 @@
 //! A run gives two kinds of rows: its version 0 (the untrained warm start, e.g. "MAS")
 //! and its final version (e.g. "MAS + AT-GRPO (shared)"), each in every evaluated mode.
 //! A fork's first version is its source's, counted with the source, so a fork gives only
-//! trained rows; of two runs giving a (row, task, seed), the first counts.
+//! trained rows. Runs that would give the same (row, task, seed) are told apart by the
+//! settings that differ between them (or the keys `--label` names), else by run name,
+//! so no run is dropped.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,6 +38,11 @@ pub struct RunResults {
     pub success: Vec<Series>,
     /// Mean local reward of the sampled turns per iteration, one series per agent.
     pub reward: Vec<Series>,
+    /// The run's frozen config as dotted keys (`algorithm.credit`) and YAML values.
+    pub settings: BTreeMap<String, String>,
+    /// What tells this run's rows apart from another's of the same method, task and
+    /// seed (`[algorithm.credit=turn]`); empty when nothing needs telling apart.
+    pub label: String,
 }
 
 /// How a run trains: who plays, with which estimator, on which policies.
@@ -172,7 +179,8 @@ impl Table {
 /// final version without it. A run whose trained version is not evaluated (yet) gives
 /// only its untrained rows.
 pub fn table(runs: &[RunResults], at: Option<u32>) -> Table {
-    // (row, task) -> seed -> success; the first run to give a seed's value keeps it.
+    // (row, task) -> seed -> success; runs that share a (row, task, seed) carry labels
+    // that make their rows differ (label_runs), and of a fork's version 0 the source's counts.
     let mut values: BTreeMap<(Row, String), BTreeMap<u64, f64>> = BTreeMap::new();
     for run in runs {
         for mode in &run.success {
@@ -183,7 +191,9 @@ pub fn table(runs: &[RunResults], at: Option<u32>) -> Table {
                     v if v == i64::from(at.unwrap_or(run.iterations)) => true,
                     _ => continue,
                 };
-                let row = run.method.row(trained, &mode.name);
+                let mut row = run.method.row(trained, &mode.name);
+                row.label.push_str(&run.label);
+                row.order.2.push_str(&run.label);
                 values.entry((row, run.task.clone())).or_default().entry(run.seed).or_insert(success);
             }
         }
@@ -269,7 +279,88 @@ pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
         forked: config.fork.is_some(),
         success,
         reward,
+        settings: settings_of(&config),
+        label: String::new(),
     })
+}
+
+/// The keys that never tell methods apart: where a run is stored, its seed (the seeds of
+/// a cell) and where it forked from.
+const NOT_SETTINGS: [&str; 3] = ["store", "seed", "fork"];
+
+/// A config as dotted keys and their values, lists and scalars as one value each.
+fn settings_of(config: &RunConfig) -> BTreeMap<String, String> {
+    fn flatten(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    let key = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                    flatten(&key, value, out);
+                }
+            }
+            serde_json::Value::String(text) => {
+                out.insert(prefix.to_string(), text.clone());
+            }
+            other => {
+                out.insert(prefix.to_string(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    flatten("", &serde_json::to_value(config).expect("a config serialises"), &mut out);
+    out.retain(|key, _| !NOT_SETTINGS.iter().any(|n| key == n || key.starts_with(&format!("{n}."))));
+    out
+}
+
+/// Sets each run's label. With `keys`, every run is labelled by their values. Without,
+/// only runs that would give the same (method, task, seed) are, by the settings that
+/// differ among them, or by run name where none does (a rerun). An unknown key is an
+/// error naming it.
+pub fn label_runs(runs: &mut [RunResults], keys: &[String]) -> Result<(), Error> {
+    for key in keys {
+        if !runs.iter().any(|r| r.settings.contains_key(key)) {
+            let near: Vec<&String> = runs
+                .iter()
+                .flat_map(|r| r.settings.keys())
+                .filter(|k| k.ends_with(key.rsplit('.').next().unwrap_or(key)))
+                .collect();
+            return Err(Error::Report(format!("--label {key}: no run has this setting (e.g. {near:?})")));
+        }
+    }
+    let chosen = |run: &RunResults, keys: &[&String]| -> String {
+        let values: Vec<String> =
+            keys.iter().map(|k| format!("{k}={}", run.settings.get(*k).map_or("-", String::as_str))).collect();
+        format!(" [{}]", values.join(", "))
+    };
+    if !keys.is_empty() {
+        let keys: Vec<&String> = keys.iter().collect();
+        for run in runs.iter_mut() {
+            run.label = chosen(run, &keys);
+        }
+        return Ok(());
+    }
+    let same = |a: &RunResults, b: &RunResults| a.method == b.method && a.task == b.task && a.seed == b.seed;
+    for run in runs.iter_mut() {
+        run.label.clear();
+    }
+    for i in 0..runs.len() {
+        let group: Vec<usize> = (0..runs.len()).filter(|&j| same(&runs[i], &runs[j])).collect();
+        if group.len() < 2 {
+            continue;
+        }
+        let differing: Vec<&String> = runs[i]
+            .settings
+            .keys()
+            .filter(|k| group.iter().any(|&j| runs[j].settings.get(*k) != runs[i].settings.get(*k)))
+            .collect();
+        let label = if differing.is_empty() {
+            format!(" [{}]", runs[i].url.trim_end_matches('/').rsplit('/').next().unwrap_or_default())
+        } else {
+            chosen(&runs[i], &differing)
+        };
+        runs[i].label = label;
+    }
+    Ok(())
 }
 
 /// Files `write_comparison` wrote.
@@ -377,6 +468,8 @@ mod tests {
                 .map(|(mode, points)| Series { name: mode.to_string(), points: points.to_vec() })
                 .collect(),
             reward: Vec::new(),
+            settings: BTreeMap::new(),
+            label: String::new(),
         }
     }
 
@@ -439,5 +532,36 @@ mod tests {
         let text = render(&table);
         assert!(text.contains("MAS + AT-GRPO (shared)  90.0 ± 0.0 (1)  Δ +70.0"), "{text}");
         assert!(csv(&table).contains("\"MAS + GRPO (shared)\",plan_path,0.6000,0.0000,1,0.4000\n"));
+    }
+
+    #[test]
+    fn runs_of_one_method_and_seed_are_told_apart_by_the_settings_that_differ() {
+        let team = method(false, Algorithm::Grpo, Specialisation::Shared);
+        let with = |url: &str, credit: &str, success: f64| {
+            let mut r = run(team.clone(), 1, false, &[("multi_agent", &[(0, 0.1), (30, success)])]);
+            r.url = url.into();
+            r.settings = [("algorithm.credit", credit), ("iterations", "30")].map(|(k, v)| (k.into(), v.into())).into();
+            r
+        };
+        let mut runs =
+            [with("runs/return", "return", 0.5), with("runs/turn", "turn", 0.7), with("runs/again", "turn", 0.9)];
+        label_runs(&mut runs[..2], &[]).unwrap();
+        let labels: Vec<String> = table(&runs[..2], None).rows.iter().map(|(r, _)| r.label.clone()).collect();
+        assert_eq!(
+            labels,
+            [
+                "MAS [algorithm.credit=return]",
+                "MAS [algorithm.credit=turn]",
+                "MAS + GRPO (shared) [algorithm.credit=return]",
+                "MAS + GRPO (shared) [algorithm.credit=turn]"
+            ]
+        );
+        // A rerun with the same settings is named by its run.
+        label_runs(&mut runs[1..], &[]).unwrap();
+        assert_eq!((runs[1].label.as_str(), runs[2].label.as_str()), (" [turn]", " [again]"));
+        label_runs(&mut runs, &["iterations".into()]).unwrap();
+        assert!(runs.iter().all(|r| r.label == " [iterations=30]"));
+        let unknown = label_runs(&mut runs, &["algorithm.creditt".into()]).unwrap_err().to_string();
+        assert!(unknown.contains("--label algorithm.creditt"), "{unknown}");
     }
 }

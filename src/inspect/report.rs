@@ -1,5 +1,5 @@
 //! `petting report`: one HTML page about a run, with PNG charts and the sampling trees of
-//! the best and worst groups of its last iteration beside it, all in one folder that
+//! the most informative groups of its last iteration beside it, all in one folder that
 //! needs no network to view. Every figure comes from SQL over the committed tables; the
 //! page shows each chart's query, so a reader can take it to `petting sql`.
 
@@ -54,6 +54,23 @@ fn chart_specs() -> Vec<ChartSpec> {
                     FROM turns GROUP BY iteration, agent, turn",
         },
         ChartSpec {
+            file: "train-success.png",
+            title: "Training success: finished episodes of each rollout that succeeded",
+            x_label: "iteration",
+            y_label: "success rate",
+            y_range: Some(-0.02..1.02),
+            query: "SELECT iteration AS x, 'rollout' AS series, avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS y \
+                    FROM turns WHERE done GROUP BY iteration",
+        },
+        ChartSpec {
+            file: "team-reward.png",
+            title: "Mean team reward of the finished episodes",
+            x_label: "iteration",
+            y_label: "team reward",
+            y_range: None,
+            query: "SELECT iteration AS x, 'team' AS series, avg(team_reward) AS y FROM turns WHERE done GROUP BY iteration",
+        },
+        ChartSpec {
             file: "response-length.png",
             title: "Mean response length per agent",
             x_label: "iteration",
@@ -61,6 +78,42 @@ fn chart_specs() -> Vec<ChartSpec> {
             y_range: None,
             query: "SELECT iteration AS x, agent AS series, avg(cardinality(response_tokens)) AS y \
                     FROM turns GROUP BY iteration, agent",
+        },
+        ChartSpec {
+            file: "loss.png",
+            title: "Loss per policy and update mode (ppo, critic, sft: the warm start)",
+            x_label: "iteration",
+            y_label: "loss (mean over steps)",
+            y_range: None,
+            query: "SELECT iteration AS x, policy || ' ' || mode AS series, avg(loss) AS y \
+                    FROM updates GROUP BY iteration, policy, mode",
+        },
+        ChartSpec {
+            file: "entropy.png",
+            title: "Policy entropy per token (mean over steps)",
+            x_label: "iteration",
+            y_label: "nats",
+            y_range: None,
+            query: "SELECT iteration AS x, policy AS series, avg(entropy) AS y \
+                    FROM updates WHERE mode = 'ppo' AND entropy IS NOT NULL GROUP BY iteration, policy",
+        },
+        ChartSpec {
+            file: "kl.png",
+            title: "Approximate KL between the sampling and the updated policy (mean over steps)",
+            x_label: "iteration",
+            y_label: "KL",
+            y_range: None,
+            query: "SELECT iteration AS x, policy AS series, avg(approx_kl) AS y \
+                    FROM updates WHERE mode = 'ppo' AND approx_kl IS NOT NULL GROUP BY iteration, policy",
+        },
+        ChartSpec {
+            file: "learning-rate.png",
+            title: "Learning rate per policy (last step of each update)",
+            x_label: "iteration",
+            y_label: "learning rate",
+            y_range: None,
+            query: "SELECT iteration AS x, policy AS series, max(learning_rate) AS y \
+                    FROM updates WHERE mode = 'ppo' GROUP BY iteration, policy",
         },
         ChartSpec {
             file: "clip-fraction.png",
@@ -134,7 +187,7 @@ const TIME_LINE: &str = "SELECT iteration, \
        round(max(CASE WHEN stage = 'evaluate' THEN end_s END), 1) AS evaluate_to \
      FROM spans WHERE iteration IS NOT NULL GROUP BY iteration ORDER BY iteration";
 
-/// How many groups the best and the worst tables list.
+/// How many groups each table of groups lists.
 const GROUPS_LISTED: usize = 5;
 
 /// What [`write_report`] wrote.
@@ -177,6 +230,7 @@ pub async fn write_report(store: &RunStore, dir: &Path) -> Result<Report, Error>
 
     let trees = page.groups(&sql, store, dir).await?;
     page.stage_times(&sql).await?;
+    page.run_config(store.run_config().await?.as_deref());
     let index = dir.join("index.html");
     write_file(&index, page.finish().as_bytes())?;
     Ok(Report { index, charts, trees })
@@ -235,22 +289,26 @@ impl Page {
         self.paragraph(&format!("{}: no data committed yet.", spec.title));
     }
 
-    /// The best and worst groups of the last grouped iteration, each linked to its
-    /// task's tree. Returns the tree pages written.
+    /// The groups of the last grouped iteration whose rewards spread the most (they carry
+    /// the update's signal; a group of equal rewards teaches nothing), then the lowest by
+    /// mean among those that spread at all, each linked to its task's tree. Returns the
+    /// tree pages written.
     async fn groups(&mut self, sql: &RunSql, store: &RunStore, dir: &Path) -> Result<Vec<PathBuf>, Error> {
         let last = grid(sql, "SELECT max(iteration) AS last FROM groups").await?;
         let Some(iteration) = last.rows.first().and_then(|r| r[0].parse::<u32>().ok()) else {
-            self.heading("Best and worst groups");
+            self.heading("Groups");
             self.paragraph("No group stage is committed yet.");
             return Ok(Vec::new());
         };
         let mut tasks = Vec::new();
-        for (label, order) in [("Best", "DESC"), ("Worst", "ASC")] {
-            self.heading(&format!("{label} groups of iteration {iteration} (by mean reward)"));
+        for (label, order) in [
+            ("the widest reward spread", "std DESC, mean DESC"),
+            ("the lowest mean reward that spreads", "mean ASC, std DESC"),
+        ] {
+            self.heading(&format!("Groups of iteration {iteration} with {label}"));
             let query = format!(
-                "SELECT group_id, task_id, agent, turn, size, round(mean, 3) AS mean_reward, round(std, 3) AS std_reward, \
-                 degenerate FROM groups WHERE iteration = {iteration} ORDER BY mean {order}, group_id \
-                 LIMIT {GROUPS_LISTED}"
+                "SELECT group_id, task_id, agent, turn, size, round(mean, 3) AS mean_reward, round(std, 3) AS std_reward \
+                 FROM groups WHERE iteration = {iteration} AND std > 0 ORDER BY {order}, group_id LIMIT {GROUPS_LISTED}"
             );
             let table = grid(sql, &query).await?;
             let task_column = table.columns.iter().position(|c| c == "task_id");
@@ -259,7 +317,7 @@ impl Page {
                 |row, column| {
                     (Some(column) == task_column).then(|| format!("trees/{}", tree_file(iteration, &row[column])))
                 },
-                "No groups.",
+                "Every group's rewards were equal.",
             );
             tasks.extend(task_column.into_iter().flat_map(|c| table.rows.iter().map(move |r| r[c].clone())));
         }
@@ -272,6 +330,18 @@ impl Page {
             written.push(path);
         }
         Ok(written)
+    }
+
+    /// The run's frozen config, every default filled in, as the run read it.
+    fn run_config(&mut self, yaml: Option<&str>) {
+        self.heading("Run config (run.yaml)");
+        match yaml {
+            Some(yaml) => {
+                let _ =
+                    writeln!(self.html, "<details><summary>run.yaml</summary><pre>{}</pre></details>", escape(yaml));
+            }
+            None => self.paragraph("The run has no run.yaml."),
+        }
     }
 
     async fn stage_times(&mut self, sql: &RunSql) -> Result<(), Error> {

@@ -1,4 +1,4 @@
-//! The lines `petting pipeline run` prints: one per iteration (reward per agent, clip
+//! The lines `petting pipeline run` prints: one per iteration (mixed reward per agent, clip
 //! fraction, drift, held-out success, seconds per stage) and one for the whole run.
 
 use arrow::util::display::{ArrayFormatter, FormatOptions};
@@ -46,7 +46,7 @@ pub async fn iteration(store: &RunStore, alpha: f64, k: u32) -> Result<String, E
     )
     .await?;
     let eval = if eval.is_empty() { String::new() } else { format!(" | eval v{k}: {eval}") };
-    Ok(format!("iteration {k}: reward {rewards} | {update}{eval} | {timing}"))
+    Ok(format!("iteration {k}: reward a turn (α·team + local) {rewards} | {update}{eval} | {timing}"))
 }
 
 /// Held-out success per mode and version, and where the time went.

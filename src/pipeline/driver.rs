@@ -25,6 +25,7 @@ use crate::ranks::Ranks;
 use crate::stages::{self, Session, replay, update};
 use crate::store::layout::RUN_CONFIG;
 use crate::store::{self, CommitMarker, RunStore, Shard, Stage, StageId};
+use crate::tracking;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -100,8 +101,11 @@ pub enum Event<'a> {
     StoppedBefore(StageId),
     /// This process committed a stage (its part, for a worker).
     Committed { stage: StageId, marker: &'a CommitMarker, seconds: f64, elapsed: f64 },
-    /// This process committed iteration k's update: the iteration's summary line.
-    IterationDone { iteration: u32, summary: &'a str },
+    /// This process committed iteration k's update (of the run's `iterations`): the
+    /// iteration's summary line.
+    IterationDone { iteration: u32, iterations: u32, summary: &'a str },
+    /// A tracker (`tracking:`) could not take a stage's metrics; the run goes on.
+    TrackerFailed { stage: StageId, reason: String },
     /// After an update, the retention pruned older checkpoints' files.
     Pruned { files: usize, bytes: u64 },
     /// Every stage is committed: held-out success per version and where the time went.
@@ -274,6 +278,11 @@ async fn run_one(
         seconds: stage_started.elapsed().as_secs_f64(),
         elapsed: started.elapsed().as_secs_f64(),
     });
+    if let (Some(tracking), true, None) = (&config.tracking, leader, id.shard)
+        && let Err(e) = tracking::stage_committed(store, tracking, config.algorithm.alpha, id, &marker).await
+    {
+        events(Event::TrackerFailed { stage: id, reason: e.to_string() });
+    }
     if let (Stage::Update, Some(k), true) = (id.stage, id.iteration, leader) {
         if let Some(retention) = &config.retention {
             let doomed = policies::doomed_files(&store.markers().await?, retention);
@@ -281,7 +290,7 @@ async fn run_one(
             events(Event::Pruned { files: report.files.len(), bytes: report.bytes() });
         }
         let summary = summary::iteration(store, config.algorithm.alpha, k).await?;
-        events(Event::IterationDone { iteration: k, summary: &summary });
+        events(Event::IterationDone { iteration: k, iterations: config.iterations, summary: &summary });
     }
     Ok(())
 }

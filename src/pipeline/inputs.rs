@@ -26,6 +26,9 @@ pub enum Error {
 
     #[error("policies.{policy}.model: {source}")]
     Model { policy: String, source: model::Error },
+
+    #[error("policies.{policy}.device: {reason}")]
+    Device { policy: String, reason: String },
 }
 
 /// How to make a missing model folder: the exact command for the two real models the
@@ -56,8 +59,12 @@ pub struct Inputs {
 
 /// Makes the tasks as prepare-data would and opens every model folder's config, weight
 /// headers and tokenizer, without loading weights. `config` is resolved (absolute paths).
-/// A fork's policies come from its source run, so their folders are not checked.
+/// A fork's policies come from its source run, so their folders are not checked; every
+/// policy's device is, since this binary (CPU or CUDA libtorch) is the one that will train.
 pub fn check(config: &RunConfig) -> Result<Inputs, Error> {
+    for (name, policy) in &config.policies {
+        policy.device.check_available().map_err(|reason| Error::Device { policy: name.clone(), reason })?;
+    }
     let (train, test) = prepare_data::tasks(config)?;
     if config.fork.is_none() {
         for (name, policy) in &config.policies {

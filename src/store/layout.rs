@@ -29,6 +29,9 @@ pub const PRUNED_DIR: &str = "_pruned";
 /// Logs of servers a local run started (its vLLM server), never committed and never
 /// collected by gc.
 pub const LOGS_DIR: &str = "_logs";
+/// TensorBoard's event files (`tracking.tensorboard`), one per committed stage; never
+/// committed and never collected by gc.
+pub const TENSORBOARD_DIR: &str = "_tensorboard";
 
 /// A stage of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

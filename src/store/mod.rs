@@ -256,6 +256,17 @@ impl RunStore {
         Ok(())
     }
 
+    /// Writes, whole, a file of the run's that no stage commits and gc never collects (a
+    /// tracker's, under [`layout::TENSORBOARD_DIR`]).
+    pub async fn put_file(&self, relative: &str, bytes: Vec<u8>) -> Result<()> {
+        debug_assert!(!layout::is_attempt_output(relative), "{relative} would be taken for a stage's output");
+        self.store
+            .put(&self.path(relative), Bytes::from(bytes).into())
+            .await
+            .map_err(|e| self.object_error("write", relative, e))?;
+        Ok(())
+    }
+
     /// The run's frozen `run.yaml`, if it has one.
     pub async fn run_config(&self) -> Result<Option<String>> {
         match self.get(layout::RUN_CONFIG).await? {

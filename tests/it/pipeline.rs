@@ -343,6 +343,9 @@ fn speak_json(run_dir: &Path) {
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"))
     };
     let status = json(&["status", url, "--format", "json"]);
+    let headline = &status["headline"];
+    assert!(headline["state"] == "complete" && headline["stages_done"] == headline["stages"], "{status}");
+    assert!(headline["iterations_done"] == headline["iterations"] && headline["eta_seconds"].is_null(), "{status}");
     let stages = status["stages"].as_array().unwrap();
     assert!(stages.iter().all(|s| s["state"] == "committed" || s["state"] == "missing"), "{status}");
     assert!(stages.iter().any(|s| s["stage"] == "rollout" && s["iteration"] == 1 && s["rows"].as_u64() > Some(0)));
@@ -388,6 +391,8 @@ fn exports_the_selected_turns_as_transcripts(run_dir: &Path, out: &Path) {
     let (ok, _, stderr) = run(&["export", run_dir, "--iteration", "1", "--format", "parquet", "--output", file_arg]);
     assert!(ok && stderr.contains("wrote 6 transcripts"), "{stderr}");
     assert!(std::fs::read(&file).unwrap().starts_with(b"PAR1"));
+    let usage = petting().args(["export", run_dir, "--iteration", "1", "--format", "parquet"]).output().unwrap();
+    assert_eq!(usage.status.code(), Some(2), "Parquet without --output is a usage error");
     let (ok, _, stderr) = run(&["export", run_dir, "--iteration", "7"]);
     assert!(!ok && stderr.contains("no committed rollout for iteration 7"), "{stderr}");
 }
@@ -397,17 +402,22 @@ fn exports_the_selected_turns_as_transcripts(run_dir: &Path, out: &Path) {
 fn reports_the_run(run_dir: &Path, out: &Path) {
     let (ok, stdout, stderr) = run(&["report", run_dir.to_str().unwrap(), "--output", out.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("(8 charts, "), "{stdout}");
-    let links = local_links(out, &std::fs::read_to_string(out.join("index.html")).unwrap());
+    assert!(stdout.contains("(14 charts, "), "{stdout}");
+    let index = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(
+        index.contains("with the widest reward spread") && index.contains("run.yaml</summary><pre># Frozen by petting"),
+        "{index}"
+    );
+    let links = local_links(out, &index);
     let trees: Vec<_> = links.iter().filter(|l| l.extension().is_some_and(|e| e == "html")).collect();
-    assert!(!trees.is_empty(), "the best and worst groups link to their trees");
+    assert!(!trees.is_empty(), "the groups whose rewards spread link to their trees");
     for tree in trees {
         let page = std::fs::read_to_string(tree).unwrap();
         assert!(page.contains("<pre>episode 0 · turn 0 · "), "{page}");
         local_links(tree.parent().unwrap(), &page);
     }
     let charts: Vec<_> = links.iter().filter(|l| l.extension().is_some_and(|e| e == "png")).collect();
-    assert_eq!(charts.len(), 8, "{links:?}");
+    assert_eq!(charts.len(), 14, "{links:?}");
     for chart in charts {
         let image = image::open(chart).unwrap_or_else(|e| panic!("{}: {e}", chart.display())).to_rgb8();
         assert_eq!(image.dimensions(), (960, 480));
@@ -502,6 +512,10 @@ fn sharding_a_rollout_changes_nothing() {
     let shard = |which: &str| run(&["stage", "rollout", c.to_str().unwrap(), "--iteration", "0", "--shard", which]);
     let (ok, stdout, stderr) = shard("0/2");
     assert!(ok, "{stdout}{stderr}");
+    let (ok, status, stderr) = run(&["status", c.to_str().unwrap()]);
+    let headline = status.lines().next().unwrap_or_default();
+    assert!(ok && headline.contains(": incomplete · 0/"), "{status}{stderr}");
+    assert!(headline.contains("next: rollout of iteration 0") && status.contains("1/2 shards"), "{status}");
     // Half a sharded rollout is not committed, and running it whole would commit rows twice.
     let (ok, _, stderr) = run(&["pipeline", "run", &config_c]);
     assert!(!ok && stderr.contains("another shard count"), "{stderr}");
@@ -674,4 +688,54 @@ fn a_retention_prunes_older_checkpoints_on_the_record_and_training_goes_on() {
     let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--set", "iterations=3", "--allow-config-change"]);
     assert!(ok && stdout.contains("iteration 2: reward"), "{stdout}{stderr}");
     assert_eq!(files("v000002"), "meta.json");
+}
+
+/// `tracking.tensorboard`: every committed stage's metrics in event files under the store
+/// that TensorBoard's own reader (its EventAccumulator, from PyPI) reads, by the names
+/// docs/concepts.md gives ("Trackers").
+#[test]
+fn tensorboard_reads_each_stages_metrics_from_the_store() {
+    let Some(python) = std::env::var_os("PETTING_PYTHON") else {
+        eprintln!("PETTING_PYTHON is not set (scripts/test.sh sets it): TensorBoard check skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config =
+        run_file(run_dir.to_str().unwrap(), 5).set("tracking.tensorboard", "true").write(&dir.path().join("it.yaml"));
+    pipeline(&config);
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+events.Reload()
+print(json.dumps({tag: [[e.step, e.value] for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}))
+"#;
+    let output = std::process::Command::new(python)
+        .args(["-c", script, run_dir.join("_tensorboard").to_str().unwrap()])
+        .output()
+        .expect("PETTING_PYTHON runs");
+    assert!(output.status.success(), "tensorboard: {}", String::from_utf8_lossy(&output.stderr));
+    let scalars: std::collections::BTreeMap<String, Vec<(i64, f64)>> = serde_json::from_slice(&output.stdout).unwrap();
+    let steps = |tag: &str| scalars.get(tag).map(|points| points.iter().map(|p| p.0).collect::<Vec<_>>());
+    assert_eq!(steps("evaluate/success/multi_agent"), Some(vec![0, 1, 2]), "{scalars:?}");
+    for tag in [
+        "rollout/reward/planner",
+        "rollout/reward/tool",
+        "ppo/coder/loss",
+        "ppo/pilot/grad_norm",
+        "time/update_seconds",
+    ] {
+        assert_eq!(steps(tag), Some(vec![0, 1]), "{tag}: {scalars:?}");
+    }
+    // The values are the tables': iteration 1's mean planner reward, as SQL computes it.
+    let reward = sql_rows(
+        &run_dir,
+        "SELECT avg(team_reward + local_reward) FROM turns WHERE iteration = 1 AND agent = 'planner'",
+    );
+    let logged = scalars["rollout/reward/planner"][1].1;
+    assert!((logged - reward[0].parse::<f64>().unwrap()).abs() < 1e-5, "{logged} vs {reward:?}");
+    // gc never takes the event files for an attempt's debris.
+    let (ok, stdout, stderr) = run(&["gc", run_dir.to_str().unwrap(), "--grace", "0s"]);
+    assert!(ok && stdout.contains("deleted 0 uncommitted files"), "{stdout}{stderr}");
 }

@@ -40,7 +40,7 @@ pub enum Error {
     #[error("the environment host `{command}` did not answer `{op}` within {seconds} s (env.host.timeout_seconds){}", stderr_tail(.stderr))]
     Timeout { command: String, op: String, seconds: f64, stderr: String },
 
-    #[error("the environment host `{command}` refused `{op}`: {message}")]
+    #[error("the environment host `{command}` refused `{op}`: {message}{}", install_hint(.command, .message))]
     Refused { command: String, op: String, message: String },
 
     #[error("the environment host `{command}` answered `{op}` with {reason}: {line}")]
@@ -51,6 +51,32 @@ pub enum Error {
 
     #[error("the environment host `{command}` failed `{op}` for episode {episode}: {message}")]
     Episode { command: String, op: String, episode: String, message: String },
+}
+
+/// The Python modules petting's adapters and examples import, with the PyPI package
+/// that provides each; `scripts/install/python-tools.sh` installs them all into `.venv`.
+pub const INTEGRATIONS: &[(&str, &str)] = &[
+    ("textarena", "textarena"),
+    ("reasoning_gym", "reasoning-gym"),
+    ("openai", "openai"),
+    ("agents", "openai-agents"),
+    ("langgraph", "langgraph"),
+    ("autogen_agentchat", "autogen-agentchat"),
+];
+
+/// How to install what a host could not import (Python's "No module named 'x.y'"), into
+/// the interpreter that ran it (the first word of `command`); empty for other refusals.
+fn install_hint(command: &str, message: &str) -> String {
+    let Some(module) = message.split("No module named '").nth(1).and_then(|rest| rest.split(['\'', '.']).next()) else {
+        return String::new();
+    };
+    let package = INTEGRATIONS.iter().find(|(m, _)| *m == module).map_or(module, |(_, package)| package);
+    let python = command.split_whitespace().next().unwrap_or("python3");
+    format!(
+        "; install it into the Python that runs the host with `{python} -m pip install {package}`, or run \
+         `scripts/install/python-tools.sh` (textarena, reasoning-gym and the agent frameworks, into the checkout's \
+         .venv, the Python petting uses when neither PETTING_PYTHON nor env.host.python is set)"
+    )
 }
 
 fn stderr_tail(stderr: &str) -> String {
@@ -397,5 +423,29 @@ impl Drop for Host {
         }
         let _ = connection.child.kill();
         let _ = connection.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_module_is_answered_with_the_command_that_installs_it() {
+        let refused = |message: &str| {
+            Error::Refused {
+                command: "/opt/py/bin/python -m petting_env.host".into(),
+                op: "hello".into(),
+                message: message.into(),
+            }
+            .to_string()
+        };
+        let gym = refused("ModuleNotFoundError: No module named 'reasoning_gym.factory'");
+        assert!(gym.contains("`/opt/py/bin/python -m pip install reasoning-gym`"), "{gym}");
+        assert!(gym.contains("scripts/install/python-tools.sh"), "{gym}");
+        let own = refused("No module named 'my_env'");
+        assert!(own.contains("pip install my_env`"), "{own}");
+        let other = refused("TicTacToe-v9 is not a TextArena game");
+        assert!(!other.contains("pip install"), "{other}");
     }
 }
