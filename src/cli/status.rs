@@ -48,11 +48,7 @@ struct Headline {
 
 impl Headline {
     fn of(config: &RunConfig, statuses: &[StageStatus], markers: &[StoredMarker]) -> Headline {
-        let committed = |id: &StageId| {
-            statuses
-                .iter()
-                .any(|s| s.stage == id.stage && s.iteration == id.iteration && s.state == StageState::Committed)
-        };
+        let committed = |id: &StageId| statuses.iter().any(|s| is_of(s, id) && s.state == StageState::Committed);
         let schedule = petting::pipeline::schedule(config);
         let updates_done = schedule
             .iter()
@@ -75,9 +71,7 @@ impl Headline {
             iterations_done,
             stages: schedule.len(),
             stages_done: schedule.iter().filter(|id| committed(id)).count(),
-            last: last.map(|m| {
-                (StageId { stage: m.marker.stage, iteration: m.marker.iteration, shard: None }, m.marker.finished_at)
-            }),
+            last: last.map(|m| (StageId { shard: None, ..m.marker.stage_id() }, m.marker.finished_at)),
             next: schedule.into_iter().find(|id| !committed(id)),
             eta_seconds,
         }
@@ -86,9 +80,8 @@ impl Headline {
     /// `incomplete · 4/10 iterations · 23/52 stages · last: update of iteration 3 at
     /// 21:40:12 UTC · next: rollout of iteration 4 · ETA 32m 10s at its pace so far`
     fn line(&self) -> String {
-        let state = if self.next.is_none() { "complete" } else { "incomplete" };
         let mut parts = vec![
-            state.to_string(),
+            self.state().to_string(),
             format!("{}/{} iterations", self.iterations_done, self.iterations),
             format!("{}/{} stages", self.stages_done, self.stages),
         ];
@@ -104,9 +97,13 @@ impl Headline {
         parts.join(" · ")
     }
 
+    fn state(&self) -> &'static str {
+        if self.next.is_none() { "complete" } else { "incomplete" }
+    }
+
     fn as_json(&self) -> serde_json::Value {
         json!({
-            "state": if self.next.is_none() { "complete" } else { "incomplete" },
+            "state": self.state(),
             "iterations": self.iterations,
             "iterations_done": self.iterations_done,
             "stages": self.stages,
@@ -116,6 +113,11 @@ impl Headline {
             "eta_seconds": self.eta_seconds,
         })
     }
+}
+
+/// Whether `status` is the stage `id` (all of its shards).
+fn is_of(status: &StageStatus, id: &StageId) -> bool {
+    status.stage == id.stage && status.iteration == id.iteration
 }
 
 fn as_json(status: &StageStatus) -> serde_json::Value {
@@ -149,7 +151,7 @@ fn print_table(statuses: &[StageStatus], next: Option<StageId>) {
         "seconds",
     ]);
     for status in statuses {
-        let is_next = next.is_some_and(|id| id.stage == status.stage && id.iteration == status.iteration);
+        let is_next = next.is_some_and(|id| is_of(status, &id));
         let state = match status.state {
             StageState::Committed => "committed".to_string(),
             StageState::Partial { committed, shards } => format!("{committed}/{shards} shards"),

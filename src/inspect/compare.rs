@@ -27,6 +27,8 @@ use super::report::series;
 #[derive(Debug, Clone)]
 pub struct RunResults {
     pub url: String,
+    /// The run's name (`RunConfig::run_name`).
+    pub name: String,
     pub task: String,
     pub seed: u64,
     /// The version training ends with.
@@ -272,6 +274,7 @@ pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
     };
     Ok(RunResults {
         url: store.url().to_string(),
+        name: config.run_name(),
         task: config.env.name().to_string(),
         seed: config.seed,
         iterations: config.iterations,
@@ -353,11 +356,7 @@ pub fn label_runs(runs: &mut [RunResults], keys: &[String]) -> Result<(), Error>
             .keys()
             .filter(|k| group.iter().any(|&j| runs[j].settings.get(*k) != runs[i].settings.get(*k)))
             .collect();
-        let label = if differing.is_empty() {
-            format!(" [{}]", runs[i].url.trim_end_matches('/').rsplit('/').next().unwrap_or_default())
-        } else {
-            chosen(&runs[i], &differing)
-        };
+        let label = if differing.is_empty() { format!(" [{}]", runs[i].name) } else { chosen(&runs[i], &differing) };
         runs[i].label = label;
     }
     Ok(())
@@ -458,6 +457,7 @@ mod tests {
     fn run(method: Method, seed: u64, forked: bool, success: &[(&str, &[(i64, f64)])]) -> RunResults {
         RunResults {
             url: format!("runs/{seed}"),
+            name: seed.to_string(),
             task: "plan_path".into(),
             seed,
             iterations: 30,
@@ -539,7 +539,7 @@ mod tests {
         let team = method(false, Algorithm::Grpo, Specialisation::Shared);
         let with = |url: &str, credit: &str, success: f64| {
             let mut r = run(team.clone(), 1, false, &[("multi_agent", &[(0, 0.1), (30, success)])]);
-            r.url = url.into();
+            r.name = url.trim_start_matches("runs/").into();
             r.settings = [("algorithm.credit", credit), ("iterations", "30")].map(|(k, v)| (k.into(), v.into())).into();
             r
         };
