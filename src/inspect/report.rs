@@ -171,11 +171,17 @@ const SPANS: &str = "WITH spans AS (SELECT stage, iteration, \
        (CAST(started_at AS BIGINT) - t0) / 1e6 AS start_s, (CAST(finished_at AS BIGINT) - t0) / 1e6 AS end_s \
      FROM commits, (SELECT min(CAST(started_at AS BIGINT)) AS t0 FROM commits))";
 
-/// Seconds in which a sampling and a training stage ran at once (each lane runs one stage
-/// at a time, so the pairs' intersections do not overlap), and the run's span.
-const OVERLAP: &str = "SELECT round(coalesce(sum(greatest(0.0, least(s.end_s, t.end_s) - greatest(s.start_s, t.start_s))), 0), 1) \
+/// Seconds in which a sampling and a training stage ran at once, and the run's span. A
+/// lane's spans are merged first: rollout shards, or an evaluation beside a rollout, run
+/// at once within the sample lane and would otherwise count their common seconds twice.
+const OVERLAP: &str = ", ordered AS (SELECT lane, start_s, end_s, max(end_s) OVER (PARTITION BY lane \
+       ORDER BY start_s, end_s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM spans), \
+     islands AS (SELECT lane, start_s, end_s, sum(CASE WHEN reach IS NULL OR start_s > reach THEN 1 ELSE 0 END) \
+       OVER (PARTITION BY lane ORDER BY start_s, end_s ROWS UNBOUNDED PRECEDING) AS island FROM ordered), \
+     merged AS (SELECT lane, min(start_s) AS start_s, max(end_s) AS end_s FROM islands GROUP BY lane, island) \
+     SELECT round(coalesce(sum(greatest(0.0, least(s.end_s, t.end_s) - greatest(s.start_s, t.start_s))), 0), 1) \
        AS beside_s, (SELECT round(max(end_s), 1) FROM spans) AS run_s \
-     FROM spans s JOIN spans t ON s.lane = 'sample' AND t.lane = 'train'";
+     FROM merged s JOIN merged t ON s.lane = 'sample' AND t.lane = 'train'";
 
 /// One row per iteration: when its rollout, its training steps and its evaluation ran.
 const TIME_LINE: &str = "SELECT iteration, \
@@ -544,6 +550,24 @@ mod tests {
                 Series { name: "a".into(), points: vec![(0, 1.0)] },
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn seconds_beside_training_count_once_however_many_samplers_ran_at_once() {
+        // Two rollout shards at once (0-10 s, 5-15 s) and an evaluation inside them, beside
+        // an update from 0 to 20 s: sampling ran beside training for 15 s, not 22.
+        let ctx = datafusion::prelude::SessionContext::new();
+        let view = "CREATE VIEW commits AS SELECT column1 AS stage, column2 AS iteration, \
+                    column3 * 1000000 AS started_at, column4 * 1000000 AS finished_at FROM (VALUES \
+                    ('rollout', 1, 0, 10), ('rollout', 1, 5, 15), ('evaluate', 1, 12, 14), \
+                    ('update', 0, 0, 20), ('update', 1, 30, 40))";
+        ctx.sql(view).await.unwrap().collect().await.unwrap();
+        let batches = ctx.sql(&format!("{SPANS} {OVERLAP}")).await.unwrap().collect().await.unwrap();
+        let number = |column: usize| {
+            let array = batches[0].column(column).as_any().downcast_ref::<Float64Array>().unwrap();
+            array.value(0)
+        };
+        assert_eq!((number(0), number(1)), (15.0, 40.0));
     }
 
     #[test]
