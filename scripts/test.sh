@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs libtorch, the Python tools the tests
-# compare against and vLLM's CPU server (each once, cached in ignored folders), starts an
-# S3-compatible server and a vLLM server on 127.0.0.1 for the tests that need them, then
-# runs every test.
+# compare against, vLLM's CPU server and MLflow's tracking server (each once, cached in
+# ignored folders), starts an S3-compatible server and a vLLM server on 127.0.0.1 for the
+# tests that need them, then runs every test.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh store::).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,8 @@ scripts/install/libtorch.sh
 scripts/install/python-tools.sh
 scripts/install/test-models.sh
 scripts/install/vllm.sh
-export PETTING_PYTHON="$PWD/.venv/bin/python"
+scripts/install/mlflow.sh
+export PETTING_PYTHON="$PWD/.venv/bin/python" PETTING_MLFLOW_PYTHON="$PWD/.mlflow/bin/python"
 
 # The real models of the shipped pipelines, which the tests run; the vLLM server serves
 # SmolLM2 and the full-weight test reloads an untied copy (see scripts/install/untie-embeddings.py).

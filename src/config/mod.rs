@@ -138,7 +138,7 @@ pub struct RunConfig {
     /// every rank trains every policy, one after the other.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pools: BTreeMap<String, PoolConfig>,
-    /// Experiment trackers that receive each committed stage's metrics (TensorBoard).
+    /// Experiment trackers that receive each committed stage's metrics (TensorBoard, MLflow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracking: Option<crate::tracking::TrackingConfig>,
 }

@@ -279,8 +279,9 @@ async fn run_one(
         seconds: stage_started.elapsed().as_secs_f64(),
         elapsed: started.elapsed().as_secs_f64(),
     });
-    if let (Some(tracking), true, None) = (&config.tracking, leader, id.shard)
-        && let Err(e) = tracking::stage_committed(store, tracking, config.algorithm.alpha, id, &marker).await
+    let run_done = super::schedule(config).last() == Some(&id);
+    if let (true, None) = (leader, id.shard)
+        && let Err(e) = tracking::stage_committed(store, config, id, &marker, run_done).await
     {
         events(Event::TrackerFailed { stage: id, reason: e.to_string() });
     }

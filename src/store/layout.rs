@@ -32,6 +32,9 @@ pub const LOGS_DIR: &str = "_logs";
 /// TensorBoard's event files (`tracking.tensorboard`), one per committed stage; never
 /// committed and never collected by gc.
 pub const TENSORBOARD_DIR: &str = "_tensorboard";
+/// The MLflow run a run logs into (`tracking.mlflow`); never committed and never
+/// collected by gc.
+pub const MLFLOW_RUN: &str = "_mlflow/run.json";
 
 /// A stage of the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -267,6 +267,23 @@ impl RunStore {
         Ok(())
     }
 
+    /// Creates, whole, a file of the run's that no stage commits and gc never collects,
+    /// unless it exists: whether this call created it.
+    pub async fn create_file(&self, relative: &str, bytes: Vec<u8>) -> Result<bool> {
+        debug_assert!(!layout::is_attempt_output(relative), "{relative} would be taken for a stage's output");
+        let path = self.path(relative);
+        match self.store.put_opts(&path, Bytes::from(bytes).into(), object_store::PutMode::Create.into()).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(self.object_error("create", relative, e)),
+        }
+    }
+
+    /// A file [`RunStore::put_file`] or [`RunStore::create_file`] wrote, if it exists.
+    pub async fn get_file(&self, relative: &str) -> Result<Option<Bytes>> {
+        self.get(relative).await
+    }
+
     /// The run's frozen `run.yaml`, if it has one.
     pub async fn run_config(&self) -> Result<Option<String>> {
         match self.get(layout::RUN_CONFIG).await? {

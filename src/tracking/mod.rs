@@ -5,6 +5,7 @@
 //!
 //! A tracker observes and never decides: one that fails is a warning, and the run goes on.
 
+pub mod mlflow;
 pub mod tensorboard;
 
 use std::fmt::Write as _;
@@ -14,6 +15,7 @@ use arrow::datatypes::Float64Type;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::mixed_reward_sql;
+use crate::config::RunConfig;
 use crate::sql::RunSql;
 use crate::store::layout::TENSORBOARD_DIR;
 use crate::store::{CommitMarker, RunStore, Stage, StageId};
@@ -26,6 +28,10 @@ pub struct TrackingConfig {
     /// committed stage (`tensorboard --logdir <store>` reads them, also while the run runs).
     #[serde(default)]
     pub tensorboard: bool,
+    /// Log to an MLflow tracking server: one MLflow run per petting run, its config as
+    /// parameters, each committed stage's metrics at the stage's iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlflow: Option<mlflow::MlflowConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,19 +45,25 @@ pub enum Error {
 
     #[error("a metric query returned {0}, not (name text, value double)")]
     Shape(String),
+
+    #[error(transparent)]
+    Mlflow(#[from] mlflow::Error),
 }
 
 /// Sends the metrics of stage `id`, just committed as `marker`, to every tracker of
-/// `tracking`; rewards mix as `alpha` says (`algorithm.alpha`). Its step is the stage's
-/// iteration (0 for the run-level stages).
+/// `config.tracking`. Its step is the stage's iteration (0 for the run-level stages);
+/// `run_done` says it was the run's last stage.
 pub async fn stage_committed(
     store: &RunStore,
-    tracking: &TrackingConfig,
-    alpha: f64,
+    config: &RunConfig,
     id: StageId,
     marker: &CommitMarker,
+    run_done: bool,
 ) -> Result<(), Error> {
-    let mut metrics = match metrics_query(alpha, id) {
+    let Some(tracking) = &config.tracking else {
+        return Ok(());
+    };
+    let mut metrics = match metrics_query(config.algorithm.alpha, id) {
         Some(query) => named_values(&RunSql::open(store).await?, &query).await?,
         None => Vec::new(),
     };
@@ -69,6 +81,18 @@ pub async fn stage_committed(
             id.iteration.map_or("run".to_string(), |k| k.to_string())
         );
         store.put_file(&name, file.bytes().to_vec()).await?;
+    }
+    if let Some(settings) = &tracking.mlflow {
+        let server = mlflow::Mlflow::new(settings);
+        let name = config.run_name();
+        let experiment = settings.experiment.as_deref().unwrap_or(&name);
+        let params = mlflow::params(&serde_json::to_value(config).unwrap_or_default());
+        let run_id = server.run_id(store, experiment, &name, &params).await?;
+        let finished_ms = marker.finished_at.timestamp_millis();
+        server.log_metrics(&run_id, step, finished_ms, &metrics).await?;
+        if run_done {
+            server.finish(&run_id, finished_ms).await?;
+        }
     }
     Ok(())
 }

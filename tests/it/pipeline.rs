@@ -690,6 +690,96 @@ fn a_retention_prunes_older_checkpoints_on_the_record_and_training_goes_on() {
     assert_eq!(files("v000002"), "meta.json");
 }
 
+/// `tracking.mlflow`: a real MLflow tracking server (`mlflow server`, from PyPI, in
+/// scripts/install/mlflow.sh's venv) holds one run per petting run, also across a resume,
+/// with the config as parameters and every committed stage's metrics by the names the
+/// TensorBoard files carry, read back by MLflow's own client.
+#[test]
+fn mlflow_receives_each_stages_metrics_and_the_config_in_one_run_across_a_resume() {
+    let Some(python) = std::env::var_os("PETTING_MLFLOW_PYTHON") else {
+        eprintln!("PETTING_MLFLOW_PYTHON is not set (scripts/test.sh sets it): MLflow check skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = MlflowServer::start(&python, dir.path());
+    let run_dir = dir.path().join("run");
+    let config = run_file(run_dir.to_str().unwrap(), 5)
+        .set("tracking.mlflow.tracking_uri", &server.uri)
+        .write(&dir.path().join("it.yaml"));
+    for until in [&["--until", "rollout:1"][..], &[]] {
+        let (ok, stdout, stderr) = run(&[&["pipeline", "run", &config][..], until].concat());
+        assert!(ok && !stderr.contains("warning: tracking"), "{stdout}{stderr}");
+    }
+    let script = r#"
+import json, sys
+from mlflow.tracking import MlflowClient
+client = MlflowClient(sys.argv[1])
+runs = client.search_runs([client.get_experiment_by_name("run").experiment_id])
+run = runs[0]
+history = {key: [[m.step, m.value] for m in client.get_metric_history(run.info.run_id, key)] for key in run.data.metrics}
+print(json.dumps({"runs": len(runs), "name": run.info.run_name, "status": run.info.status,
+                  "params": run.data.params, "tags": run.data.tags, "history": history}))
+"#;
+    let output = std::process::Command::new(&python).args(["-c", script, &server.uri]).output().unwrap();
+    assert!(output.status.success(), "mlflow: {}", String::from_utf8_lossy(&output.stderr));
+    let logged: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((logged["runs"].as_u64(), logged["name"].as_str()), (Some(1), Some("run")), "{logged}");
+    assert_eq!(logged["status"], "FINISHED", "{logged}");
+    assert_eq!(logged["tags"]["petting.store"], url_of(&run_dir), "{logged}");
+    assert_eq!(logged["params"]["rollout.branches"], "3", "{logged}");
+    assert_eq!(logged["params"]["agents.planner.policy"], "pilot", "{logged}");
+    let steps =
+        |key: &str| logged["history"][key].as_array().map(|p| p.iter().map(|p| p[0].clone()).collect::<Vec<_>>());
+    assert_eq!(steps("evaluate/success/multi_agent"), Some(vec![0.into(), 1.into(), 2.into()]), "{logged}");
+    for key in ["rollout/reward/planner", "ppo/coder/loss", "time/update_seconds"] {
+        assert_eq!(steps(key), Some(vec![0.into(), 1.into()]), "{key}: {logged}");
+    }
+    let reward = sql_rows(
+        &run_dir,
+        "SELECT avg(team_reward + local_reward) FROM turns WHERE iteration = 1 AND agent = 'planner'",
+    );
+    let value = logged["history"]["rollout/reward/planner"][1][1].as_f64().unwrap();
+    assert!((value - reward[0].parse::<f64>().unwrap()).abs() < 1e-5, "{value} vs {reward:?}");
+}
+
+/// `mlflow server` on a free loopback port with a SQLite store in `dir`, stopped on drop.
+struct MlflowServer {
+    uri: String,
+    process: std::process::Child,
+}
+
+impl MlflowServer {
+    fn start(python: &std::ffi::OsStr, dir: &Path) -> MlflowServer {
+        let port = crate::support::free_port().to_string();
+        let log = std::fs::File::create(dir.join("mlflow.log")).unwrap();
+        let process = std::process::Command::new(python)
+            .args(["-m", "mlflow", "server", "--host", "127.0.0.1", "--port", &port, "--workers", "1"])
+            .arg("--backend-store-uri")
+            .arg(format!("sqlite:///{}", dir.join("mlflow.db").display()))
+            .arg("--default-artifact-root")
+            .arg(dir.join("artifacts"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("PETTING_PYTHON runs mlflow");
+        let server = MlflowServer { uri: format!("http://127.0.0.1:{port}"), process };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        while !crate::support::healthy(&server.uri) {
+            let log = std::fs::read_to_string(dir.join("mlflow.log")).unwrap_or_default();
+            assert!(std::time::Instant::now() < deadline, "mlflow server did not start:\n{log}");
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        server
+    }
+}
+
+impl Drop for MlflowServer {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
 /// `tracking.tensorboard`: every committed stage's metrics in event files under the store
 /// that TensorBoard's own reader (its EventAccumulator, from PyPI) reads, by the names
 /// docs/concepts.md gives ("Trackers").
