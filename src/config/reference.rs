@@ -29,6 +29,21 @@ struct Key {
     required: bool,
 }
 
+/// Each plain key's documented default (`rollout.max_staleness` → `0`), a string without
+/// its quotes: what a run file that leaves the key out gets. Keys inside maps and lists
+/// have none.
+pub fn defaults() -> Vec<(String, String)> {
+    keys()
+        .into_iter()
+        .filter(|k| !k.path.contains(['<', '[']))
+        .filter_map(|k| {
+            let default = k.default?;
+            let text = serde_json::from_str::<String>(&default).unwrap_or(default);
+            Some((k.path, text))
+        })
+        .collect()
+}
+
 /// Every key of the file, depth first in the schema's order.
 fn keys() -> Vec<Key> {
     let schema = json_schema();

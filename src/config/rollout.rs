@@ -41,7 +41,10 @@ pub struct RolloutConfig {
     /// How many versions behind the one its update trains a rollout may sample with (s):
     /// iteration k samples with version max(k − s, the first), so rollout k needs only
     /// update k − s − 1 and runs while the updates between train. 0: strictly on-policy.
+    // Left out of frozen configs at 0 (configs frozen before the key keep their hash), so
+    // the schema states the default itself.
     #[serde(skip_serializing_if = "is_zero")]
+    #[schemars(extend("default" = 0))]
     pub max_staleness: u32,
 }
 

@@ -291,7 +291,10 @@ pub async fn read_run(store: &RunStore) -> Result<RunResults, Error> {
 /// a cell) and where it forked from.
 const NOT_SETTINGS: [&str; 3] = ["store", "seed", "fork"];
 
-/// A config as dotted keys and their values, lists and scalars as one value each.
+/// A config as dotted keys and their values, lists and scalars as one value each, with
+/// the documented default of every key the frozen config leaves out (a run made before
+/// a key existed, or whose default is not written), so runs differ only where they run
+/// differently.
 fn settings_of(config: &RunConfig) -> BTreeMap<String, String> {
     fn flatten(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, String>) {
         match value {
@@ -311,6 +314,9 @@ fn settings_of(config: &RunConfig) -> BTreeMap<String, String> {
     }
     let mut out = BTreeMap::new();
     flatten("", &serde_json::to_value(config).expect("a config serialises"), &mut out);
+    for (key, default) in crate::config::reference::defaults() {
+        out.entry(key).or_insert(default);
+    }
     out.retain(|key, _| !NOT_SETTINGS.iter().any(|n| key == n || key.starts_with(&format!("{n}."))));
     out
 }
@@ -563,5 +569,16 @@ mod tests {
         assert!(runs.iter().all(|r| r.label == " [iterations=30]"));
         let unknown = label_runs(&mut runs, &["algorithm.creditt".into()]).unwrap_err().to_string();
         assert!(unknown.contains("--label algorithm.creditt"), "{unknown}");
+    }
+
+    #[test]
+    fn a_key_the_frozen_config_leaves_out_has_its_documented_default() {
+        let text = "store: runs/x\niterations: 2\nenv: {name: plan_path}\nworkflow: {kind: tool_planner}\n\
+                    agents: {tool: {policy: p}, planner: {policy: p}}\npolicies: {p: {model: m}}\n";
+        let on_policy = crate::config::parse(text, std::path::Path::new("a.yaml")).unwrap();
+        let stale = crate::config::parse(&format!("{text}rollout: {{max_staleness: 1}}\n"), "b.yaml".as_ref()).unwrap();
+        assert_eq!(settings_of(&on_policy)["rollout.max_staleness"], "0");
+        assert_eq!(settings_of(&stale)["rollout.max_staleness"], "1");
+        assert_eq!(settings_of(&on_policy)["rollout.select"], "best_reward", "a string default, unquoted");
     }
 }
