@@ -13,7 +13,8 @@
 # weights; a pretrained model (math, code, tic-tac-toe) is that same start already.
 # Every run resumes where it stopped, so the script can be interrupted and started
 # again. PETTING selects the binary; ROWS (e.g. "ppo mappo") runs only those rows beside
-# the shared run.
+# the shared run. A row staleN (ROWS="stale1 stale2", not run by default) is the shared
+# run's file with rollout.max_staleness N: sampling beside training.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 task=$1
@@ -35,6 +36,11 @@ for seed in "$@"; do
     fi
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
     for row in ${ROWS:-grpo ppo mappo returns per-role lora alone single-agent}; do
+        if [[ $row =~ ^stale([0-9]+)$ ]]; then
+            run "$task-$row-s$seed" "pipelines/$task.yaml" --set seed="$seed" \
+                --set rollout.max_staleness="${BASH_REMATCH[1]}" "${from[@]}"
+            continue
+        fi
         [[ -f "pipelines/$task-$row.yaml" ]] || continue
         fork=("${from[@]}")
         if [[ $row == single-agent ]]; then
