@@ -275,6 +275,35 @@ impl LoadedConfig {
 }
 
 /// Reads, parses and validates a config file.
+/// A config's leaves by dotted key path (`rollout.sampling.temperature`), lists as one
+/// leaf each: what `compare` tells runs apart by and MLflow takes as parameters.
+pub fn leaves(config: &serde_json::Value) -> BTreeMap<String, &serde_json::Value> {
+    fn walk<'v>(prefix: &str, value: &'v serde_json::Value, out: &mut BTreeMap<String, &'v serde_json::Value>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    let key = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                    walk(&key, value, out);
+                }
+            }
+            leaf => {
+                out.insert(prefix.to_string(), leaf);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", config, &mut out);
+    out
+}
+
+/// A leaf as text: a string as it is, anything else as JSON.
+pub fn leaf_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
 pub fn load(file: &Path) -> Result<LoadedConfig, Error> {
     load_with(file, &[])
 }

@@ -296,24 +296,9 @@ const NOT_SETTINGS: [&str; 3] = ["store", "seed", "fork"];
 /// a key existed, or whose default is not written), so runs differ only where they run
 /// differently.
 fn settings_of(config: &RunConfig) -> BTreeMap<String, String> {
-    fn flatten(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, String>) {
-        match value {
-            serde_json::Value::Object(map) => {
-                for (key, value) in map {
-                    let key = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
-                    flatten(&key, value, out);
-                }
-            }
-            serde_json::Value::String(text) => {
-                out.insert(prefix.to_string(), text.clone());
-            }
-            other => {
-                out.insert(prefix.to_string(), other.to_string());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    flatten("", &serde_json::to_value(config).expect("a config serialises"), &mut out);
+    let value = serde_json::to_value(config).expect("a config serialises");
+    let mut out: BTreeMap<String, String> =
+        crate::config::leaves(&value).into_iter().map(|(key, leaf)| (key, crate::config::leaf_text(leaf))).collect();
     for (key, default) in crate::config::reference::defaults() {
         out.entry(key).or_insert(default);
     }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::config::RunConfig;
 use crate::store::RunStore;
 use crate::store::layout::MLFLOW_RUN;
 
@@ -53,21 +54,21 @@ impl Mlflow {
         Mlflow { uri: config.tracking_uri.trim_end_matches('/').to_string(), http: reqwest::Client::new() }
     }
 
-    /// The id of the MLflow run of `store`: the stored one, or a new run in `experiment`,
-    /// tagged with the store's URL and given `params` (the run's config). Two lanes that
-    /// both find none each make one; the one whose id is stored first wins and the other
-    /// deletes its own.
+    /// The id of the MLflow run of `store`: the stored one, or a new run named as `config`'s
+    /// run in `experiment` (the run's name when unset), tagged with the store's URL and
+    /// given the config as parameters. Two lanes that both find none each make one; the one
+    /// whose id is stored first wins and the other deletes its own.
     pub async fn run_id(
         &self,
         store: &RunStore,
-        experiment: &str,
-        run_name: &str,
-        params: &[(String, String)],
+        experiment: Option<&str>,
+        config: &RunConfig,
     ) -> Result<String, Error> {
         if let Some(run) = self.stored_run(store).await? {
             return Ok(run);
         }
-        let experiment_id = self.experiment_id(experiment).await?;
+        let run_name = config.run_name();
+        let experiment_id = self.experiment_id(experiment.unwrap_or(&run_name)).await?;
         let created = self
             .post(
                 "runs/create",
@@ -80,6 +81,7 @@ impl Mlflow {
             )
             .await?;
         let run_id = created["run"]["info"]["run_id"].as_str().unwrap_or_default().to_string();
+        let params = params(&serde_json::to_value(config).unwrap_or_default());
         for chunk in params.chunks(PARAMS_PER_BATCH) {
             let params: Vec<Value> = chunk.iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
             self.post("runs/log-batch", json!({"run_id": run_id, "params": params})).await?;
@@ -102,25 +104,25 @@ impl Mlflow {
         Ok(run.filter(|r| r.tracking_uri == self.uri).map(|r| r.run_id))
     }
 
+    /// The id of experiment `name`, made if missing.
     async fn experiment_id(&self, name: &str) -> Result<String, Error> {
-        let by_name = |name: &str| {
-            let mut url = url::Url::parse(&format!("{}/api/2.0/mlflow/experiments/get-by-name", self.uri))
-                .map_err(|e| self.error("experiments/get-by-name", e.to_string()))?;
-            url.query_pairs_mut().append_pair("experiment_name", name);
-            Ok::<_, Error>(url)
-        };
-        let found = self.send("experiments/get-by-name", self.http.get(by_name(name)?)).await;
-        if let Ok(found) = found {
-            return Ok(found["experiment"]["experiment_id"].as_str().unwrap_or_default().to_string());
+        if let Ok(id) = self.experiment_by_name(name).await {
+            return Ok(id);
         }
         match self.post("experiments/create", json!({"name": name})).await {
             Ok(created) => Ok(created["experiment_id"].as_str().unwrap_or_default().to_string()),
             // Another process made it meanwhile.
-            Err(_) => {
-                let found = self.send("experiments/get-by-name", self.http.get(by_name(name)?)).await?;
-                Ok(found["experiment"]["experiment_id"].as_str().unwrap_or_default().to_string())
-            }
+            Err(_) => self.experiment_by_name(name).await,
         }
+    }
+
+    async fn experiment_by_name(&self, name: &str) -> Result<String, Error> {
+        let endpoint = "experiments/get-by-name";
+        let mut url = url::Url::parse(&format!("{}/api/2.0/mlflow/{endpoint}", self.uri))
+            .map_err(|e| self.error(endpoint, e.to_string()))?;
+        url.query_pairs_mut().append_pair("experiment_name", name);
+        let found = self.send(endpoint, self.http.get(url)).await?;
+        Ok(found["experiment"]["experiment_id"].as_str().unwrap_or_default().to_string())
     }
 
     /// Logs `metrics` at `step` and `timestamp_ms`; values that are not finite (which
@@ -174,31 +176,13 @@ impl Mlflow {
 }
 
 /// A run config as MLflow parameters: one per leaf, named by its key path (`rollout.branches`),
-/// lists and values as JSON text, cut to MLflow's limits.
+/// lists and values as JSON text, unset keys left out, cut to MLflow's limits.
 pub fn params(config: &Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    flatten(config, String::new(), &mut out);
-    out.sort();
-    out
-}
-
-fn flatten(value: &Value, path: String, out: &mut Vec<(String, String)>) {
-    match value {
-        Value::Object(fields) => {
-            for (key, field) in fields {
-                let path = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
-                flatten(field, path, out);
-            }
-        }
-        Value::Null => {}
-        leaf => {
-            let text = match leaf {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            out.push((truncate(&path, KEY_CHARS), truncate(&text, PARAM_VALUE_CHARS)));
-        }
-    }
+    crate::config::leaves(config)
+        .into_iter()
+        .filter(|(_, leaf)| !leaf.is_null())
+        .map(|(key, leaf)| (truncate(&key, KEY_CHARS), truncate(&crate::config::leaf_text(leaf), PARAM_VALUE_CHARS)))
+        .collect()
 }
 
 fn truncate(text: &str, chars: usize) -> String {

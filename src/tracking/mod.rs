@@ -84,10 +84,7 @@ pub async fn stage_committed(
     }
     if let Some(settings) = &tracking.mlflow {
         let server = mlflow::Mlflow::new(settings);
-        let name = config.run_name();
-        let experiment = settings.experiment.as_deref().unwrap_or(&name);
-        let params = mlflow::params(&serde_json::to_value(config).unwrap_or_default());
-        let run_id = server.run_id(store, experiment, &name, &params).await?;
+        let run_id = server.run_id(store, settings.experiment.as_deref(), config).await?;
         let finished_ms = marker.finished_at.timestamp_millis();
         server.log_metrics(&run_id, step, finished_ms, &metrics).await?;
         if run_done {
