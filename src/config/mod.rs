@@ -274,11 +274,11 @@ impl LoadedConfig {
     }
 }
 
-/// Reads, parses and validates a config file.
-/// A config's leaves by dotted key path (`rollout.sampling.temperature`), lists as one
-/// leaf each: what `compare` tells runs apart by and MLflow takes as parameters.
-pub fn leaves(config: &serde_json::Value) -> BTreeMap<String, &serde_json::Value> {
-    fn walk<'v>(prefix: &str, value: &'v serde_json::Value, out: &mut BTreeMap<String, &'v serde_json::Value>) {
+/// A config's settings by dotted key path (`rollout.sampling.temperature`), each list and
+/// scalar one value (strings as they are, anything else as JSON), unset keys left out:
+/// what `compare` tells runs apart by and MLflow takes as parameters.
+pub fn settings(config: &serde_json::Value) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut BTreeMap<String, String>) {
         match value {
             serde_json::Value::Object(map) => {
                 for (key, value) in map {
@@ -286,8 +286,12 @@ pub fn leaves(config: &serde_json::Value) -> BTreeMap<String, &serde_json::Value
                     walk(&key, value, out);
                 }
             }
+            serde_json::Value::Null => {}
+            serde_json::Value::String(text) => {
+                out.insert(prefix.to_string(), text.clone());
+            }
             leaf => {
-                out.insert(prefix.to_string(), leaf);
+                out.insert(prefix.to_string(), leaf.to_string());
             }
         }
     }
@@ -296,14 +300,7 @@ pub fn leaves(config: &serde_json::Value) -> BTreeMap<String, &serde_json::Value
     out
 }
 
-/// A leaf as text: a string as it is, anything else as JSON.
-pub fn leaf_text(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::String(text) => text.clone(),
-        other => other.to_string(),
-    }
-}
-
+/// Reads, parses and validates a config file.
 pub fn load(file: &Path) -> Result<LoadedConfig, Error> {
     load_with(file, &[])
 }

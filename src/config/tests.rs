@@ -396,3 +396,21 @@ fn the_math_tool_timeout_must_be_a_positive_number_of_seconds() {
         assert!(message.starts_with("it.yaml: env.tool_timeout_seconds: must be a positive"), "{bad}: {message}");
     }
 }
+
+#[test]
+fn settings_name_each_leaf_by_its_path_and_leave_unset_keys_out() {
+    let config = serde_json::json!({
+        "seed": 7,
+        "rollout": {"branches": 8, "sampling": {"temperature": 0.7}},
+        "evaluation": {"modes": ["multi_agent", "single_agent"], "beside": null},
+        "store": "runs/x",
+    });
+    let expected = [
+        ("evaluation.modes", r#"["multi_agent","single_agent"]"#),
+        ("rollout.branches", "8"),
+        ("rollout.sampling.temperature", "0.7"),
+        ("seed", "7"),
+        ("store", "runs/x"),
+    ];
+    assert_eq!(settings(&config), expected.map(|(k, v)| (k.to_string(), v.to_string())).into());
+}

@@ -297,8 +297,7 @@ const NOT_SETTINGS: [&str; 3] = ["store", "seed", "fork"];
 /// differently.
 fn settings_of(config: &RunConfig) -> BTreeMap<String, String> {
     let value = serde_json::to_value(config).expect("a config serialises");
-    let mut out: BTreeMap<String, String> =
-        crate::config::leaves(&value).into_iter().map(|(key, leaf)| (key, crate::config::leaf_text(leaf))).collect();
+    let mut out = crate::config::settings(&value);
     for (key, default) in crate::config::reference::defaults() {
         out.entry(key).or_insert(default);
     }

@@ -280,8 +280,8 @@ async fn run_one(
         elapsed: started.elapsed().as_secs_f64(),
     });
     let run_done = super::schedule(config).last() == Some(&id);
-    if let (true, None) = (leader, id.shard)
-        && let Err(e) = tracking::stage_committed(store, config, id, &marker, run_done).await
+    if let (true, None, Some(tracking)) = (leader, id.shard, &config.tracking)
+        && let Err(e) = tracking::stage_committed(store, tracking, &tracked(config), id, &marker, run_done).await
     {
         events(Event::TrackerFailed { stage: id, reason: e.to_string() });
     }
@@ -300,6 +300,15 @@ async fn run_one(
 /// Freezes the digests of the environment's own files with the run (the first time),
 /// or checks them against the frozen ones: a changed file is refused unless
 /// `allow_change`, which records the change.
+/// What the trackers file a run's stages under.
+fn tracked(config: &RunConfig) -> tracking::TrackedRun {
+    tracking::TrackedRun {
+        name: config.run_name(),
+        settings: config::settings(&serde_json::to_value(config).expect("a config serialises")),
+        alpha: config.algorithm.alpha,
+    }
+}
+
 async fn freeze_environment(store: &RunStore, config: &RunConfig, allow_change: bool) -> Result<(), Error> {
     let digests = crate::envs::user_files::digests(&config.env)
         .map_err(|source| Error::EnvironmentFile { reason: source.to_string() })?;

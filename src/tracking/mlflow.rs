@@ -2,10 +2,12 @@
 //! (`/api/2.0/mlflow`). The MLflow run's id is kept in the store (`_mlflow/run.json`),
 //! so a resumed run, or the other lane of an overlapped one, logs into the same run.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::config::RunConfig;
+use super::TrackedRun;
 use crate::store::RunStore;
 use crate::store::layout::MLFLOW_RUN;
 
@@ -54,34 +56,28 @@ impl Mlflow {
         Mlflow { uri: config.tracking_uri.trim_end_matches('/').to_string(), http: reqwest::Client::new() }
     }
 
-    /// The id of the MLflow run of `store`: the stored one, or a new run named as `config`'s
-    /// run in `experiment` (the run's name when unset), tagged with the store's URL and
-    /// given the config as parameters. Two lanes that both find none each make one; the one
+    /// The id of the MLflow run of `store`: the stored one, or a new run named as `run` in
+    /// `experiment` (the run's name when unset), tagged with the store's URL and given the
+    /// run's settings as parameters. Two lanes that both find none each make one; the one
     /// whose id is stored first wins and the other deletes its own.
-    pub async fn run_id(
-        &self,
-        store: &RunStore,
-        experiment: Option<&str>,
-        config: &RunConfig,
-    ) -> Result<String, Error> {
+    pub async fn run_id(&self, store: &RunStore, experiment: Option<&str>, run: &TrackedRun) -> Result<String, Error> {
         if let Some(run) = self.stored_run(store).await? {
             return Ok(run);
         }
-        let run_name = config.run_name();
-        let experiment_id = self.experiment_id(experiment.unwrap_or(&run_name)).await?;
+        let experiment_id = self.experiment_id(experiment.unwrap_or(&run.name)).await?;
         let created = self
             .post(
                 "runs/create",
                 json!({
                     "experiment_id": experiment_id,
-                    "run_name": run_name,
+                    "run_name": run.name,
                     "start_time": chrono::Utc::now().timestamp_millis(),
                     "tags": [{"key": "petting.store", "value": store.url()}],
                 }),
             )
             .await?;
         let run_id = created["run"]["info"]["run_id"].as_str().unwrap_or_default().to_string();
-        let params = params(&serde_json::to_value(config).unwrap_or_default());
+        let params = params(&run.settings);
         for chunk in params.chunks(PARAMS_PER_BATCH) {
             let params: Vec<Value> = chunk.iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
             self.post("runs/log-batch", json!({"run_id": run_id, "params": params})).await?;
@@ -175,14 +171,9 @@ impl Mlflow {
     }
 }
 
-/// A run config as MLflow parameters: one per leaf, named by its key path (`rollout.branches`),
-/// lists and values as JSON text, unset keys left out, cut to MLflow's limits.
-pub fn params(config: &Value) -> Vec<(String, String)> {
-    crate::config::leaves(config)
-        .into_iter()
-        .filter(|(_, leaf)| !leaf.is_null())
-        .map(|(key, leaf)| (truncate(&key, KEY_CHARS), truncate(&crate::config::leaf_text(leaf), PARAM_VALUE_CHARS)))
-        .collect()
+/// A run's settings as MLflow parameters, cut to MLflow's limits.
+fn params(settings: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    settings.iter().map(|(key, value)| (truncate(key, KEY_CHARS), truncate(value, PARAM_VALUE_CHARS))).collect()
 }
 
 fn truncate(text: &str, chars: usize) -> String {
@@ -194,24 +185,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_config_becomes_one_parameter_per_leaf_named_by_its_path() {
-        let config = json!({
-            "seed": 7,
-            "rollout": {"branches": 8, "sampling": {"temperature": 0.7}},
-            "evaluation": {"modes": ["multi_agent", "single_agent"], "beside": null},
-            "store": "runs/x",
-        });
-        assert_eq!(
-            params(&config),
-            vec![
-                ("evaluation.modes".to_string(), r#"["multi_agent","single_agent"]"#.to_string()),
-                ("rollout.branches".to_string(), "8".to_string()),
-                ("rollout.sampling.temperature".to_string(), "0.7".to_string()),
-                ("seed".to_string(), "7".to_string()),
-                ("store".to_string(), "runs/x".to_string()),
-            ]
-        );
-        let long = json!({"k": "x".repeat(7000)});
-        assert_eq!(params(&long)[0].1.len(), PARAM_VALUE_CHARS);
+    fn parameters_are_cut_to_mlflows_limits() {
+        let settings = BTreeMap::from([("k".repeat(300), "x".repeat(7000))]);
+        let params = params(&settings);
+        assert_eq!((params[0].0.len(), params[0].1.len()), (KEY_CHARS, PARAM_VALUE_CHARS));
     }
 }

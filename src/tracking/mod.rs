@@ -8,6 +8,7 @@
 pub mod mlflow;
 pub mod tensorboard;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use arrow::array::{Array, AsArray};
@@ -15,7 +16,6 @@ use arrow::datatypes::Float64Type;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::mixed_reward_sql;
-use crate::config::RunConfig;
 use crate::sql::RunSql;
 use crate::store::layout::TENSORBOARD_DIR;
 use crate::store::{CommitMarker, RunStore, Stage, StageId};
@@ -50,20 +50,29 @@ pub enum Error {
     Mlflow(#[from] mlflow::Error),
 }
 
-/// Sends the metrics of stage `id`, just committed as `marker`, to every tracker of
-/// `config.tracking`. Its step is the stage's iteration (0 for the run-level stages);
+/// The run whose stages a tracker receives.
+#[derive(Debug, Clone)]
+pub struct TrackedRun {
+    /// MLflow's run name, and its experiment's unless one is set.
+    pub name: String,
+    /// The run's settings by dotted key, MLflow's parameters.
+    pub settings: BTreeMap<String, String>,
+    /// The α the rollout's reward metric mixes team and agent rewards with.
+    pub alpha: f64,
+}
+
+/// Sends the metrics of stage `id` of `run`, just committed as `marker`, to every tracker
+/// of `tracking`. Its step is the stage's iteration (0 for the run-level stages);
 /// `run_done` says it was the run's last stage.
 pub async fn stage_committed(
     store: &RunStore,
-    config: &RunConfig,
+    tracking: &TrackingConfig,
+    run: &TrackedRun,
     id: StageId,
     marker: &CommitMarker,
     run_done: bool,
 ) -> Result<(), Error> {
-    let Some(tracking) = &config.tracking else {
-        return Ok(());
-    };
-    let mut metrics = match metrics_query(config.algorithm.alpha, id) {
+    let mut metrics = match metrics_query(run.alpha, id) {
         Some(query) => named_values(&RunSql::open(store).await?, &query).await?,
         None => Vec::new(),
     };
@@ -84,7 +93,7 @@ pub async fn stage_committed(
     }
     if let Some(settings) = &tracking.mlflow {
         let server = mlflow::Mlflow::new(settings);
-        let run_id = server.run_id(store, settings.experiment.as_deref(), config).await?;
+        let run_id = server.run_id(store, settings.experiment.as_deref(), run).await?;
         let finished_ms = marker.finished_at.timestamp_millis();
         server.log_metrics(&run_id, step, finished_ms, &metrics).await?;
         if run_done {
