@@ -269,7 +269,7 @@ async fn run_one(
 ) -> Result<(), Error> {
     let Opened { store, config, .. } = opened;
     let stage_started = Instant::now();
-    let marker = super::run_stage(store, config, id, progress, session)
+    let marker = with_heartbeat(store, id, super::run_stage(store, config, id, progress, session))
         .await
         .map_err(|source| Error::StageFailed { stage: id, source: Box::new(source) })?;
     crate::allocator::return_freed_memory();
@@ -300,6 +300,32 @@ async fn run_one(
 /// Freezes the digests of the environment's own files with the run (the first time),
 /// or checks them against the frozen ones: a changed file is refused unless
 /// `allow_change`, which records the change.
+/// Runs `work`, stage `id`, with its running file kept fresh beside it (store::running),
+/// so `status` and the dashboard can tell it runs; the file goes when the stage ends. A
+/// heartbeat that fails to write never fails the stage.
+async fn with_heartbeat<T>(store: &RunStore, id: StageId, work: impl Future<Output = T>) -> T {
+    let started_at = chrono::Utc::now();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    // A task of its own: the stage may hold its thread (block_in_place) for minutes.
+    let beating = tokio::spawn({
+        let store = store.clone();
+        async move {
+            loop {
+                let _ = store.mark_running(&id, started_at).await;
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = tokio::time::sleep(store::running::HEARTBEAT) => {}
+                }
+            }
+        }
+    });
+    let result = work.await;
+    let _ = stop.send(());
+    let _ = beating.await;
+    let _ = store.clear_running(&id).await;
+    result
+}
+
 /// What the trackers file a run's stages under.
 fn tracked(config: &RunConfig) -> tracking::TrackedRun {
     tracking::TrackedRun {

@@ -19,6 +19,7 @@
 //! thing they share.
 
 pub mod driver;
+pub mod headline;
 pub mod inputs;
 pub mod lanes;
 

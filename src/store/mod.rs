@@ -29,6 +29,7 @@ pub use location::absolute_path;
 pub mod marker;
 pub(crate) mod parquet_io;
 mod prune;
+pub mod running;
 pub mod status;
 mod writer;
 

@@ -274,6 +274,59 @@ fn running_a_finished_run_again_changes_nothing() {
     assert_eq!(content(&reference.run), before);
 }
 
+/// A process running a stage keeps `_running/<stage>.json` fresh until the stage ends:
+/// `status` marks that stage as running and opens with "running"; a file whose heartbeat
+/// went stale (its process died) is no running stage.
+#[test]
+fn status_marks_the_stage_a_live_process_runs_as_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config = run_file(run_dir.to_str().unwrap(), 5).write(&dir.path().join("it.yaml"));
+    let mut child = petting()
+        .args(["pipeline", "run", &config, "--until", "rollout:1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let running_dir = run_dir.join("_running");
+    let mut seen = std::collections::BTreeSet::new();
+    while child.try_wait().unwrap().is_none() {
+        for entry in std::fs::read_dir(&running_dir).into_iter().flatten() {
+            seen.insert(entry.unwrap().file_name().to_string_lossy().into_owned());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(child.wait().unwrap().success());
+    assert!(seen.contains("rollout-0.json"), "{seen:?}");
+    let left = std::fs::read_dir(&running_dir).map_or(0, Iterator::count);
+    assert_eq!(left, 0, "each file goes with its stage");
+    std::fs::create_dir_all(&running_dir).unwrap();
+
+    let status_with = |heartbeat_age: i64| {
+        let now = chrono::Utc::now();
+        let file = serde_json::json!({"stage": "rollout", "iteration": 1, "shard": null, "host": "h", "pid": 1,
+            "started_at": now, "heartbeat_at": now - chrono::Duration::seconds(heartbeat_age)});
+        std::fs::write(running_dir.join("rollout-1.json"), file.to_string()).unwrap();
+        let (ok, text, stderr) = run(&["status", run_dir.to_str().unwrap()]);
+        let (_, json, _) = run(&["status", run_dir.to_str().unwrap(), "--format", "json"]);
+        assert!(ok, "{stderr}");
+        (text, serde_json::from_str::<serde_json::Value>(&json).unwrap()["headline"].clone())
+    };
+    let (text, headline) = status_with(1);
+    assert_eq!(headline["state"], "running", "{headline}");
+    assert_eq!(headline["running"], serde_json::json!(["rollout of iteration 1"]), "{headline}");
+    assert!(text.lines().next().unwrap().contains("running · 1/2 iterations"), "{text}");
+    assert!(text.contains("running: rollout of iteration 1"), "{text}");
+    let rollout_1 = text.lines().find(|l| l.trim_start().starts_with('1') && l.contains("rollout")).unwrap();
+    assert!(rollout_1.contains("running"), "{text}");
+
+    let (text, headline) = status_with(600);
+    assert_eq!(
+        (headline["state"].as_str(), headline["next"].as_str()),
+        (Some("incomplete"), Some("rollout of iteration 1"))
+    );
+    assert!(!text.contains("running"), "{text}");
+}
+
 /// Flips one byte in the middle of the first committed train tasks part: same size,
 /// other content. Returns its file name.
 fn damage_tasks(run_dir: &Path) -> String {
