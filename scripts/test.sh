@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs libtorch, the Python tools the tests
 # compare against, vLLM's CPU server and MLflow's tracking server (each once, cached in
-# ignored folders), starts an S3-compatible server and a vLLM server on 127.0.0.1 for the
-# tests that need them, then runs every test.
+# ignored folders) and Debian's Chromium for the dashboard's tests, starts an S3-compatible
+# server and a vLLM server on 127.0.0.1 for the tests that need them, then runs every test.
 # Extra arguments go to `cargo test` (e.g. scripts/test.sh store::).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,7 @@ scripts/install/python-tools.sh
 scripts/install/test-models.sh
 scripts/install/vllm.sh
 scripts/install/mlflow.sh
+scripts/install/chromium.sh
 export PETTING_PYTHON="$PWD/.venv/bin/python" PETTING_MLFLOW_PYTHON="$PWD/.mlflow/bin/python"
 
 # The real models of the shipped pipelines, which the tests run; the vLLM server serves
@@ -42,7 +43,7 @@ eval "$(scripts/servers/vllm.sh start)"
 XDG_CACHE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/petting-test-cache.XXXXXX")"
 export XDG_CACHE_HOME
 trap 'scripts/servers/s3.sh stop; scripts/servers/vllm.sh stop; rm -rf "$XDG_CACHE_HOME"' EXIT
-export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1 PETTING_FULL_SUITE=1
+export PETTING_REQUIRE_S3=1 PETTING_REQUIRE_VLLM=1 PETTING_REQUIRE_BROWSER=1 PETTING_FULL_SUITE=1
 
 status=0
 cargo test --locked "$@" || status=$?

@@ -28,6 +28,7 @@ pub mod store;
 pub mod tables;
 pub mod tasks;
 pub mod tracking;
+pub mod ui;
 pub mod validate;
 pub mod workflows;
 

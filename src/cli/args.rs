@@ -56,6 +56,10 @@ pub enum Command {
     /// Write an HTML page with charts (success, rewards, lengths, PPO statistics, time per
     /// stage) and the trees of the groups whose rewards spread the most, viewable without a network.
     Report(ReportArgs),
+    /// Serve a live web dashboard over runs on 127.0.0.1: their state, charts (overlaid
+    /// across runs, each with its editable SQL), time line, sampling trees token by token
+    /// and configs, updated as the runs commit.
+    Ui(UiArgs),
     /// Compare runs: held-out success per method (rows) and task (columns), averaged over
     /// seeds, with Δ against the untrained single agent; also writes a CSV, a bar chart and
     /// learning curves.
@@ -105,6 +109,19 @@ pub enum Template {
     ReasoningGym,
     /// Your own agent program (a Python file written beside the run file) on SmolLM2-135M-Instruct.
     AgentProgram,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UiArgs {
+    /// Runs, or folders and URL prefixes holding runs (listed again as runs appear).
+    #[arg(default_value = "runs")]
+    pub runs: Vec<String>,
+    /// The port to serve on; 0 takes a free one (the address is printed).
+    #[arg(long, default_value_t = 8750)]
+    pub port: u16,
+    /// The address to listen on: 127.0.0.1 keeps the dashboard to this machine.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
 }
 
 #[derive(Debug, clap::Args)]

@@ -19,6 +19,7 @@ mod show;
 mod sql;
 mod stage;
 mod status;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -92,6 +93,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Init(args) => init::run(&args),
         Command::Status(args) => status::run(&args.run, args.format).await,
         Command::Runs(args) => runs::run(&args).await,
+        Command::Ui(args) => ui::run(args).await,
         Command::Doctor(args) => doctor::run(&args).await,
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -5,6 +5,7 @@
 pub mod chart;
 pub mod compare;
 pub mod export;
+pub mod panels;
 pub mod report;
 pub mod summary;
 pub mod tree;

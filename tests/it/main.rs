@@ -22,5 +22,6 @@ mod real_model;
 mod scale_out;
 mod stages;
 mod store;
+mod ui;
 mod update;
 mod vllm;

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests and the benchmarks.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod faulty_proxy;
 pub mod synthetic;
 
