@@ -795,6 +795,72 @@ print(json.dumps({"runs": len(runs), "name": run.info.run_name, "status": run.in
     assert!((value - reward[0].parse::<f64>().unwrap()).abs() < 1e-5, "{value} vs {reward:?}");
 }
 
+/// `tracking.wandb`: the offline run petting writes under the store, read back by W&B's
+/// own client (PyPI's wandb, its datastore reader and record protobufs): the run with its
+/// project and config, one history row per iteration with the metric names the other
+/// trackers use, across a resume, and the exit once the run is done.
+#[test]
+fn wandb_reads_the_offline_run_with_each_iterations_metrics_and_the_config_across_a_resume() {
+    let Some(python) = std::env::var_os("PETTING_WANDB_PYTHON") else {
+        eprintln!("PETTING_WANDB_PYTHON is not set (scripts/test.sh sets it): W&B check skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config = run_file(run_dir.to_str().unwrap(), 5)
+        .set("tracking.wandb.project", "petting-test")
+        .write(&dir.path().join("it.yaml"));
+    for until in [&["--until", "rollout:1"][..], &[]] {
+        let (ok, stdout, stderr) = run(&[&["pipeline", "run", &config][..], until].concat());
+        assert!(ok && !stderr.contains("warning: tracking"), "{stdout}{stderr}");
+    }
+    let files: Vec<PathBuf> = crate::support::files_under(&run_dir.join("_wandb"))
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "wandb"))
+        .collect();
+    assert_eq!(files.len(), 1, "one offline run across the resume: {files:?}");
+    let script = r#"
+import json, sys
+import wandb
+from wandb.proto import wandb_internal_pb2
+from wandb.sdk.internal import datastore
+wandb._assert_is_internal_process = True
+store = datastore.DataStore()
+store.open_for_scan(sys.argv[1])
+records = []
+while (data := store.scan_data()) is not None:
+    record = wandb_internal_pb2.Record()
+    record.ParseFromString(data)
+    records.append(record)
+run = next(r.run for r in records if r.HasField("run"))
+print(json.dumps({
+    "kinds": [r.WhichOneof("record_type") for r in records],
+    "run": {"id": run.run_id, "project": run.project, "name": run.display_name},
+    "config": {i.key: json.loads(i.value_json) for i in run.config.update},
+    "history": [{i.key: json.loads(i.value_json) for i in r.history.item} for r in records if r.HasField("history")],
+}))
+"#;
+    let output = std::process::Command::new(&python).args(["-c", script]).arg(&files[0]).output().unwrap();
+    assert!(output.status.success(), "wandb: {}", String::from_utf8_lossy(&output.stderr));
+    let read: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(read["run"]["project"], "petting-test", "{read}");
+    assert_eq!(read["run"]["name"], "run", "{read}");
+    assert_eq!(read["config"]["rollout.branches"], 3, "{read}");
+    assert_eq!(read["config"]["agents.planner.policy"], "pilot", "{read}");
+    let kinds = read["kinds"].as_array().unwrap();
+    assert_eq!((kinds.first().unwrap(), kinds.last().unwrap()), (&"run".into(), &"exit".into()), "{read}");
+    let history = read["history"].as_array().unwrap();
+    let steps: Vec<&serde_json::Value> = history.iter().map(|row| &row["_step"]).collect();
+    assert_eq!(steps, [0, 1, 2], "{read}");
+    let reward = sql_rows(
+        &run_dir,
+        "SELECT avg(team_reward + local_reward) FROM turns WHERE iteration = 1 AND agent = 'planner'",
+    );
+    let logged = history[1]["rollout/reward/planner"].as_f64().unwrap();
+    assert!((logged - reward[0].parse::<f64>().unwrap()).abs() < 1e-9, "{logged} vs {reward:?}");
+    assert!(history[2]["evaluate/success/multi_agent"].is_number(), "{read}");
+}
+
 /// `mlflow server` on a free loopback port with a SQLite store in `dir`, stopped on drop.
 struct MlflowServer {
     uri: String,
