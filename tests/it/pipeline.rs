@@ -819,36 +819,77 @@ fn wandb_reads_the_offline_run_with_each_iterations_metrics_and_the_config_acros
         .filter(|f| f.extension().is_some_and(|e| e == "wandb"))
         .collect();
     assert_eq!(files.len(), 1, "one offline run across the resume: {files:?}");
+    // wandb 0.31 writes and syncs offline runs in Go (wandb-core) and ships no Python
+    // reader, so the script reads the datastore framing itself and parses each record with
+    // W&B's own protobufs; it first reads an offline run W&B's own writer made, which
+    // checks that reader and shows which records W&B writes.
     let script = r#"
-import json, sys
+import json, os, struct, sys, tempfile, zlib
 import wandb
 from wandb.proto import wandb_internal_pb2
-from wandb.sdk.internal import datastore
-wandb._assert_is_internal_process = True
-store = datastore.DataStore()
-store.open_for_scan(sys.argv[1])
-records = []
-while (data := store.scan_data()) is not None:
-    record = wandb_internal_pb2.Record()
-    record.ParseFromString(data)
-    records.append(record)
-run = next(r.run for r in records if r.HasField("run"))
-print(json.dumps({
-    "kinds": [r.WhichOneof("record_type") for r in records],
-    "run": {"id": run.run_id, "project": run.project, "name": run.display_name},
-    "config": {i.key: json.loads(i.value_json) for i in run.config.update},
-    "history": [{i.key: json.loads(i.value_json) for i in r.history.item} for r in records if r.HasField("history")],
-}))
+
+def records(path):
+    data = open(path, "rb").read()
+    assert data[:7] == struct.pack("<4sHB", b":W&B", 0xBEE1, 0), data[:7]
+    at, whole, out = 7, b"", []
+    while at < len(data):
+        if 32768 - at % 32768 < 7:
+            at += 32768 - at % 32768
+            continue
+        checksum, length, kind = struct.unpack("<IHB", data[at:at + 7])
+        piece = data[at + 7:at + 7 + length]
+        assert checksum == zlib.crc32(bytes([kind]) + piece), "checksum"
+        assert at // 32768 == (at + 7 + max(length, 1) - 1) // 32768, "a piece crosses a block"
+        at += 7 + length
+        whole = piece if kind in (1, 2) else whole + piece
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(whole)
+            out.append(record)
+    return out
+
+def summary(path):
+    rs = records(path)
+    run = next(r.run for r in rs if r.HasField("run"))
+    return {
+        "kinds": [r.WhichOneof("record_type") for r in rs],
+        "nums": [r.num for r in rs],
+        "run": {"id": run.run_id, "project": run.project, "name": run.display_name},
+        "config": {i.key: json.loads(i.value_json) for i in run.config.update},
+        "history": [{i.key: json.loads(i.value_json) for i in r.history.item} for r in rs if r.HasField("history")],
+    }
+
+with tempfile.TemporaryDirectory() as scratch:
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=scratch)
+    run = wandb.init(project="w", config={"a": 1}, settings=wandb.Settings(x_disable_stats=True, console="off"))
+    run.log({"m": 0.5}, step=0)
+    run.finish()
+    (own,) = [os.path.join(d, f) for d, _, fs in os.walk(scratch) for f in fs if f.endswith(".wandb")]
+    print(json.dumps({"wandb": summary(own), "petting": summary(sys.argv[1])}))
 "#;
     let output = std::process::Command::new(&python).args(["-c", script]).arg(&files[0]).output().unwrap();
     assert!(output.status.success(), "wandb: {}", String::from_utf8_lossy(&output.stderr));
+    let both: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let own = &both["wandb"];
+    assert_eq!(own["history"][0]["m"], 0.5, "the reader reads W&B's own file: {own}");
+    assert_eq!(own["config"]["a"], 1, "{own}");
+    let read = &both["petting"];
+    // W&B's own writer's records come in the order its sync replays them; petting's are
+    // the run, the history, the summary and the exit among them, in that order.
+    let kinds_of = |v: &serde_json::Value| -> Vec<String> {
+        v["kinds"].as_array().unwrap().iter().map(|k| k.as_str().unwrap_or("").to_string()).collect()
+    };
+    let (own_kinds, kinds) = (kinds_of(own), kinds_of(read));
+    let position = |kind: &str| own_kinds.iter().position(|k| k == kind);
+    for pair in kinds.windows(2) {
+        assert!(position(&pair[0]) <= position(&pair[1]) || pair[0] == pair[1], "{kinds:?} against W&B's {own_kinds:?}");
+    }
     let read: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(read["run"]["project"], "petting-test", "{read}");
     assert_eq!(read["run"]["name"], "run", "{read}");
     assert_eq!(read["config"]["rollout.branches"], 3, "{read}");
     assert_eq!(read["config"]["agents.planner.policy"], "pilot", "{read}");
-    let kinds = read["kinds"].as_array().unwrap();
-    assert_eq!((kinds.first().unwrap(), kinds.last().unwrap()), (&"run".into(), &"exit".into()), "{read}");
+    assert_eq!((kinds.first().map(String::as_str), kinds.last().map(String::as_str)), (Some("run"), Some("exit")));
     let history = read["history"].as_array().unwrap();
     let steps: Vec<&serde_json::Value> = history.iter().map(|row| &row["_step"]).collect();
     assert_eq!(steps, [0, 1, 2], "{read}");
