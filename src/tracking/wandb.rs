@@ -103,9 +103,9 @@ fn run_id(store_url: &str) -> String {
     hex::encode(Sha256::digest(store_url.as_bytes()))[..8].to_string()
 }
 
-/// The run's records in order: the run, a history row per step (every stage's metrics of
-/// that step, with `_step` and `_timestamp`), the summary (each metric's last value), and
-/// the exit when `run_done`.
+/// The run's records in order: the header, the run, a history row per step (every
+/// stage's metrics of that step, with `_step`, `_timestamp` and `_runtime`), the summary
+/// (each metric's last value), and the exit when `run_done`.
 fn records(
     config: &WandbConfig,
     run: &TrackedRun,
@@ -120,7 +120,7 @@ fn records(
         row.0 = row.0.max(stage.finished_ms);
         row.1.extend(stage.metrics.iter().cloned());
     }
-    let mut records = vec![run_record(config, run, run_id, started_ms)];
+    let mut records = vec![header_record(), run_record(config, run, run_id, started_ms)];
     let mut summary: BTreeMap<String, f64> = BTreeMap::new();
     let mut last_ms = started_ms;
     for (step, (finished_ms, metrics)) in &rows {
@@ -129,12 +129,13 @@ fn records(
         items.sort();
         items.push(("_step".into(), step.to_string()));
         items.push(("_timestamp".into(), json_number(*finished_ms as f64 / 1e3)));
+        items.push(("_runtime".into(), json_number((finished_ms - started_ms) as f64 / 1e3)));
         summary.extend(metrics.iter().cloned());
         last_ms = last_ms.max(*finished_ms);
         records.push(record(2, &history_record(*step, &items)));
     }
     let summary: Vec<(String, String)> = summary.into_iter().map(|(k, v)| (k, json_number(v))).collect();
-    records.push(record(3, &items_message(1, &summary)));
+    records.push(record(3, &items_message(1, KeyField::NestedKey, &summary)));
     if run_done {
         let mut exit = Vec::new();
         protobuf::int64(1, 0, &mut exit);
@@ -161,6 +162,16 @@ fn record(field: u32, message: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `Record.header`: `HeaderRecord { VersionInfo version_info = 1 { string producer = 1 } }`,
+/// the record W&B's own writer opens a file with.
+fn header_record() -> Vec<u8> {
+    let mut version = Vec::new();
+    protobuf::bytes(1, crate::CODE_VERSION.as_bytes(), &mut version);
+    let mut header = Vec::new();
+    protobuf::bytes(1, &version, &mut header);
+    record(21, &header)
+}
+
 /// `Record.run`: `RunRecord { run_id = 1; entity = 2; project = 3; config = 4;
 /// display_name = 8; start_time = 17 }`, the config as `ConfigRecord { update = 1 }`.
 fn run_record(config: &WandbConfig, run: &TrackedRun, run_id: &str, started_ms: i64) -> Vec<u8> {
@@ -172,7 +183,7 @@ fn run_record(config: &WandbConfig, run: &TrackedRun, run_id: &str, started_ms: 
     protobuf::bytes(3, config.project.as_bytes(), &mut message);
     let settings: Vec<(String, String)> =
         run.settings.iter().map(|(key, value)| (key.clone(), json_setting(value))).collect();
-    protobuf::bytes(4, &items_message(1, &settings), &mut message);
+    protobuf::bytes(4, &items_message(1, KeyField::Key, &settings), &mut message);
     protobuf::bytes(8, run.name.as_bytes(), &mut message);
     let mut start = Vec::new();
     protobuf::int64(1, started_ms.div_euclid(1000), &mut start);
@@ -183,20 +194,28 @@ fn run_record(config: &WandbConfig, run: &TrackedRun, run_id: &str, started_ms: 
 
 /// `HistoryRecord { repeated HistoryItem item = 1; HistoryStep step = 2 }`.
 fn history_record(step: i64, items: &[(String, String)]) -> Vec<u8> {
-    let mut message = items_message(1, items);
+    let mut message = items_message(1, KeyField::NestedKey, items);
     let mut history_step = Vec::new();
     protobuf::int64(1, step, &mut history_step);
     protobuf::bytes(2, &history_step, &mut message);
     message
 }
 
-/// Repeated `{ string key = 1; string value_json = 16 }` items in field `field`: the shape
-/// of W&B's history, summary and config items.
-fn items_message(field: u32, items: &[(String, String)]) -> Vec<u8> {
+/// How an item names its key: the config's by `key = 1`, history and summary items by
+/// `repeated string nested_key = 2` (one part), as W&B's own writer does.
+#[derive(Clone, Copy)]
+enum KeyField {
+    Key = 1,
+    NestedKey = 2,
+}
+
+/// Repeated `{ <key>; string value_json = 16 }` items in field `field`: the shape of W&B's
+/// history, summary and config items.
+fn items_message(field: u32, key_field: KeyField, items: &[(String, String)]) -> Vec<u8> {
     let mut message = Vec::new();
     for (key, value_json) in items {
         let mut item = Vec::new();
-        protobuf::bytes(1, key.as_bytes(), &mut item);
+        protobuf::bytes(key_field as u32, key.as_bytes(), &mut item);
         protobuf::bytes(16, value_json.as_bytes(), &mut item);
         protobuf::bytes(field, &item, &mut message);
     }

@@ -856,7 +856,8 @@ def summary(path):
         "nums": [r.num for r in rs],
         "run": {"id": run.run_id, "project": run.project, "name": run.display_name},
         "config": {i.key: json.loads(i.value_json) for i in run.config.update},
-        "history": [{i.key: json.loads(i.value_json) for i in r.history.item} for r in rs if r.HasField("history")],
+        "history": [{(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+                    for r in rs if r.HasField("history")],
     }
 
 with tempfile.TemporaryDirectory() as scratch:
@@ -889,7 +890,8 @@ with tempfile.TemporaryDirectory() as scratch:
     assert_eq!(read["run"]["name"], "run", "{read}");
     assert_eq!(read["config"]["rollout.branches"], 3, "{read}");
     assert_eq!(read["config"]["agents.planner.policy"], "pilot", "{read}");
-    assert_eq!((kinds.first().map(String::as_str), kinds.last().map(String::as_str)), (Some("run"), Some("exit")));
+    assert_eq!((kinds.first().map(String::as_str), kinds.last().map(String::as_str)), (Some("header"), Some("exit")));
+    assert_eq!(kinds[1], "run");
     let history = read["history"].as_array().unwrap();
     let steps: Vec<&serde_json::Value> = history.iter().map(|row| &row["_step"]).collect();
     assert_eq!(steps, [0, 1, 2], "{read}");
