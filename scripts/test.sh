@@ -24,8 +24,10 @@ scripts/install/python-tools.sh
 scripts/install/test-models.sh
 scripts/install/vllm.sh
 scripts/install/mlflow.sh
+scripts/install/wandb.sh
 scripts/install/chromium.sh
-export PETTING_PYTHON="$PWD/.venv/bin/python" PETTING_MLFLOW_PYTHON="$PWD/.mlflow/bin/python"
+export PETTING_PYTHON="$PWD/.venv/bin/python" PETTING_MLFLOW_PYTHON="$PWD/.mlflow/bin/python" \
+    PETTING_WANDB_PYTHON="$PWD/.wandb/bin/python"
 
 # The real models of the shipped pipelines, which the tests run; the vLLM server serves
 # SmolLM2 and the full-weight test reloads an untied copy (see scripts/install/untie-embeddings.py).

@@ -7,7 +7,7 @@
 # resolve the links and install into the cache; a folder that is already a real
 # directory in the checkout is used as it is. PETTING_MACHINE_CACHE moves the cache.
 petting_machine_cache="${PETTING_MACHINE_CACHE:-$HOME/.cache/petting-machine}"
-for petting_cached in .libtorch .venv .vllm .mlflow .models target; do
+for petting_cached in .libtorch .venv .vllm .mlflow .wandb .models target; do
     if [[ ! -e "$petting_cached" && ! -L "$petting_cached" ]]; then
         mkdir -p "$petting_machine_cache/$petting_cached"
         ln -s "$petting_machine_cache/$petting_cached" "$petting_cached"

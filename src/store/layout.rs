@@ -35,6 +35,9 @@ pub const TENSORBOARD_DIR: &str = "_tensorboard";
 /// The MLflow run a run logs into (`tracking.mlflow`); never committed and never
 /// collected by gc.
 pub const MLFLOW_RUN: &str = "_mlflow/run.json";
+/// A W&B offline run and the metrics it is rebuilt from (`tracking.wandb`); never
+/// committed and never collected by gc.
+pub const WANDB_DIR: &str = "_wandb";
 /// One file per stage being run now, kept fresh by its process (store/running.rs); never
 /// committed and never collected by gc.
 pub const RUNNING_DIR: &str = "_running";

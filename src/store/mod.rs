@@ -285,6 +285,31 @@ impl RunStore {
         self.get(relative).await
     }
 
+    /// The files under `relative_dir` that [`RunStore::put_file`] wrote, as paths relative
+    /// to the run, in order.
+    pub async fn list_files(&self, relative_dir: &str) -> Result<Vec<String>> {
+        let prefix = self.path(relative_dir);
+        let listed: Vec<_> = match self.store.list(Some(&prefix)).try_collect().await {
+            Ok(listed) => listed,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(self.object_error("list", relative_dir, e)),
+        };
+        let root = self.root.as_ref();
+        let mut files: Vec<String> = listed
+            .into_iter()
+            .map(|meta| {
+                meta.location
+                    .as_ref()
+                    .strip_prefix(root)
+                    .unwrap_or(meta.location.as_ref())
+                    .trim_start_matches('/')
+                    .to_string()
+            })
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
     /// The run's frozen `run.yaml`, if it has one.
     pub async fn run_config(&self) -> Result<Option<String>> {
         match self.get(layout::RUN_CONFIG).await? {

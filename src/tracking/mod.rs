@@ -6,7 +6,9 @@
 //! A tracker observes and never decides: one that fails is a warning, and the run goes on.
 
 pub mod mlflow;
+mod protobuf;
 pub mod tensorboard;
+pub mod wandb;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,6 +34,10 @@ pub struct TrackingConfig {
     /// parameters, each committed stage's metrics at the stage's iteration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlflow: Option<mlflow::MlflowConfig>,
+    /// Write a W&B offline run under the store's `_wandb/` folder, rewritten at each
+    /// committed stage; `wandb sync <store>/_wandb/offline-run-*` uploads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wandb: Option<wandb::WandbConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +54,9 @@ pub enum Error {
 
     #[error(transparent)]
     Mlflow(#[from] mlflow::Error),
+
+    #[error(transparent)]
+    Wandb(#[from] wandb::Error),
 }
 
 /// The run whose stages a tracker receives.
@@ -90,6 +99,10 @@ pub async fn stage_committed(
             id.iteration.map_or("run".to_string(), |k| k.to_string())
         );
         store.put_file(&name, file.bytes().to_vec()).await?;
+    }
+    if let Some(settings) = &tracking.wandb {
+        let finished_ms = marker.finished_at.timestamp_millis();
+        wandb::stage_committed(store, settings, run, id, (step, finished_ms), &metrics, run_done).await?;
     }
     if let Some(settings) = &tracking.mlflow {
         let server = mlflow::Mlflow::new(settings);

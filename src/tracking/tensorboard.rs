@@ -4,6 +4,8 @@
 //! names the file version, as TensorFlow's own writer does. `tensorboard --logdir` reads
 //! the file as it grows; no TensorFlow or protobuf library is needed to write it.
 
+use super::protobuf;
+
 /// The file's version event, which readers expect first.
 const FILE_VERSION: &str = "brain.Event:2";
 
@@ -48,39 +50,22 @@ enum Payload<'a> {
 /// with `Summary { repeated Value value = 1; }` and `Value { string tag = 1; float simple_value = 2; }`.
 fn event(wall_time: f64, step: i64, payload: Payload) -> Vec<u8> {
     let mut out = Vec::new();
-    out.push(1 << 3 | 1); // field 1, 64-bit
-    out.extend_from_slice(&wall_time.to_le_bytes());
-    out.push(2 << 3); // field 2, varint
-    varint(step as u64, &mut out);
+    protobuf::double(1, wall_time, &mut out);
+    protobuf::int64(2, step, &mut out);
     match payload {
-        Payload::FileVersion(version) => length_delimited(3, version.as_bytes(), &mut out),
+        Payload::FileVersion(version) => protobuf::bytes(3, version.as_bytes(), &mut out),
         Payload::Scalars(values) => {
             let mut summary = Vec::new();
             for (tag, value) in values {
                 let mut entry = Vec::new();
-                length_delimited(1, tag.as_bytes(), &mut entry);
-                entry.push(2 << 3 | 5); // field 2, 32-bit
-                entry.extend_from_slice(&(*value as f32).to_le_bytes());
-                length_delimited(1, &entry, &mut summary);
+                protobuf::bytes(1, tag.as_bytes(), &mut entry);
+                protobuf::float(2, *value as f32, &mut entry);
+                protobuf::bytes(1, &entry, &mut summary);
             }
-            length_delimited(5, &summary, &mut out);
+            protobuf::bytes(5, &summary, &mut out);
         }
     }
     out
-}
-
-fn length_delimited(field: u8, bytes: &[u8], out: &mut Vec<u8>) {
-    out.push(field << 3 | 2);
-    varint(bytes.len() as u64, out);
-    out.extend_from_slice(bytes);
-}
-
-fn varint(mut value: u64, out: &mut Vec<u8>) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
 }
 
 /// TFRecord's checksum: CRC-32C rotated right by 15 bits plus a constant, so that a CRC

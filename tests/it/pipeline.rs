@@ -795,6 +795,107 @@ print(json.dumps({"runs": len(runs), "name": run.info.run_name, "status": run.in
     assert!((value - reward[0].parse::<f64>().unwrap()).abs() < 1e-5, "{value} vs {reward:?}");
 }
 
+/// `tracking.wandb`: the offline run petting writes under the store, read back by W&B's
+/// own client (PyPI's wandb, its datastore reader and record protobufs): the run with its
+/// project and config, one history row per iteration with the metric names the other
+/// trackers use, across a resume, and the exit once the run is done.
+#[test]
+fn wandb_reads_the_offline_run_with_each_iterations_metrics_and_the_config_across_a_resume() {
+    let Some(python) = std::env::var_os("PETTING_WANDB_PYTHON") else {
+        eprintln!("PETTING_WANDB_PYTHON is not set (scripts/test.sh sets it): W&B check skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let config = run_file(run_dir.to_str().unwrap(), 5)
+        .set("tracking.wandb.project", "petting-test")
+        .write(&dir.path().join("it.yaml"));
+    for until in [&["--until", "rollout:1"][..], &[]] {
+        let (ok, stdout, stderr) = run(&[&["pipeline", "run", &config][..], until].concat());
+        assert!(ok && !stderr.contains("warning: tracking"), "{stdout}{stderr}");
+    }
+    let files: Vec<PathBuf> = crate::support::files_under(&run_dir.join("_wandb"))
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "wandb"))
+        .collect();
+    assert_eq!(files.len(), 1, "one offline run across the resume: {files:?}");
+    // wandb 0.31 writes and syncs offline runs in Go (wandb-core) and ships no Python
+    // reader, so the script reads the datastore framing itself and parses each record with
+    // W&B's own protobufs; it first reads an offline run W&B's own writer made, which
+    // checks that reader and shows which records W&B writes.
+    let script = r#"
+import json, os, struct, sys, tempfile, zlib
+import wandb
+from wandb.proto import wandb_internal_pb2
+
+def records(path):
+    data = open(path, "rb").read()
+    assert data[:7] == struct.pack("<4sHB", b":W&B", 0xBEE1, 0), data[:7]
+    at, whole, out = 7, b"", []
+    while at < len(data):
+        if 32768 - at % 32768 < 7:
+            at += 32768 - at % 32768
+            continue
+        checksum, length, kind = struct.unpack("<IHB", data[at:at + 7])
+        piece = data[at + 7:at + 7 + length]
+        assert checksum == zlib.crc32(bytes([kind]) + piece), "checksum"
+        assert at // 32768 == (at + 7 + max(length, 1) - 1) // 32768, "a piece crosses a block"
+        at += 7 + length
+        whole = piece if kind in (1, 2) else whole + piece
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(whole)
+            out.append(record)
+    return out
+
+def summary(path):
+    rs = records(path)
+    run = next(r.run for r in rs if r.HasField("run"))
+    return {
+        "kinds": [r.WhichOneof("record_type") for r in rs],
+        "nums": [r.num for r in rs],
+        "run": {"id": run.run_id, "project": run.project, "name": run.display_name},
+        "config": {i.key: json.loads(i.value_json) for i in run.config.update},
+        "history": [{(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+                    for r in rs if r.HasField("history")],
+    }
+
+with tempfile.TemporaryDirectory() as scratch:
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=scratch)
+    run = wandb.init(project="w", config={"a": 1}, settings=wandb.Settings(x_disable_stats=True, console="off"))
+    run.log({"m": 0.5}, step=0)
+    run.finish()
+    (own,) = [os.path.join(d, f) for d, _, fs in os.walk(scratch) for f in fs if f.endswith(".wandb")]
+    print(json.dumps({"wandb": summary(own), "petting": summary(sys.argv[1])}))
+"#;
+    let output = std::process::Command::new(&python).args(["-c", script]).arg(&files[0]).output().unwrap();
+    assert!(output.status.success(), "wandb: {}", String::from_utf8_lossy(&output.stderr));
+    let both: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let own = &both["wandb"];
+    assert_eq!(own["history"][0]["m"], 0.5, "the reader reads W&B's own file: {own}");
+    assert_eq!(own["config"]["a"], 1, "{own}");
+    let read = &both["petting"];
+    // Only kinds of record W&B's own writer writes, opened and closed as it does.
+    let kinds_of = |v: &serde_json::Value| -> Vec<String> {
+        v["kinds"].as_array().unwrap().iter().map(|k| k.as_str().unwrap_or("").to_string()).collect()
+    };
+    let (own_kinds, kinds) = (kinds_of(own), kinds_of(read));
+    assert!(kinds.iter().all(|k| own_kinds.contains(k)), "{kinds:?} against W&B's {own_kinds:?}");
+    assert_eq!(own_kinds[..2], kinds[..2], "{kinds:?} against W&B's {own_kinds:?}");
+    assert_eq!((kinds.first().map(String::as_str), kinds.last().map(String::as_str)), (Some("header"), Some("exit")));
+    assert_eq!(kinds[1], "run");
+    let history = read["history"].as_array().unwrap();
+    let steps: Vec<&serde_json::Value> = history.iter().map(|row| &row["_step"]).collect();
+    assert_eq!(steps, [0, 1, 2], "{read}");
+    let reward = sql_rows(
+        &run_dir,
+        "SELECT avg(team_reward + local_reward) FROM turns WHERE iteration = 1 AND agent = 'planner'",
+    );
+    let logged = history[1]["rollout/reward/planner"].as_f64().unwrap();
+    assert!((logged - reward[0].parse::<f64>().unwrap()).abs() < 1e-9, "{logged} vs {reward:?}");
+    assert!(history[2]["evaluate/success/multi_agent"].is_number(), "{read}");
+}
+
 /// `mlflow server` on a free loopback port with a SQLite store in `dir`, stopped on drop.
 struct MlflowServer {
     uri: String,
