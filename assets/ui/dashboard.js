@@ -111,7 +111,7 @@ async function poll() {
 
 async function redrawAll() {
   for (const url of state.selected) state.drawnCommits[url] = (state.runs.find((r) => r.url === url) || {}).commits;
-  await Promise.all([drawCharts(), drawTimeline(), fillTreeRuns(), drawConfigs()]);
+  await Promise.all([drawCharts(), drawTimeline(), fillTreeRuns(), drawComparison(), drawConfigs()]);
   document.body.dataset.redraws = String(Number(document.body.dataset.redraws || 0) + 1);
 }
 
@@ -309,6 +309,36 @@ async function drawTree() {
     }
     return box;
   }));
+}
+
+// ---- compare ------------------------------------------------------------------------
+
+// Held-out success per method and task over the ticked runs, as `petting compare` gives
+// it: untrained and trained rows, mean ± std over seeds, Δ against the single agent.
+async function drawComparison() {
+  const section = document.getElementById("compare");
+  let cells;
+  try {
+    cells = await api("/api/compare", { runs: state.selected });
+  } catch (error) {
+    section.replaceChildren(element("p", { class: "error", text: error.message }));
+    return;
+  }
+  const tasks = [...new Set(cells.map((c) => c.task))];
+  const methods = [...new Set(cells.map((c) => c.method))];
+  const head = element("tr", {}, element("th", { text: "method" }), ...tasks.map((t) => element("th", { text: t })));
+  const rows = methods.map((method) => element("tr", { class: "compare-row" }, element("td", { text: method }), ...tasks.map((task) => {
+    const c = cells.find((x) => x.method === method && x.task === task);
+    if (!c) return element("td", { text: "" });
+    const delta = c.delta_vs_single_agent == null ? "" : ` Δ ${(100 * c.delta_vs_single_agent >= 0 ? "+" : "")}${(100 * c.delta_vs_single_agent).toFixed(1)}`;
+    return element("td", {},
+      element("div", { class: "meter" }, element("div", { class: "meter-fill", style: `width:${(100 * c.success_mean).toFixed(1)}%` })),
+      `${(100 * c.success_mean).toFixed(1)} ± ${(100 * c.success_std).toFixed(1)} (${c.seeds})${delta}`);
+  })));
+  const few = cells.filter((c) => c.seeds < 2).length;
+  section.replaceChildren(
+    element("p", { class: "hint", text: "Held-out success (%) of the ticked runs' first and last evaluated versions, mean ± std over seeds (seeds in brackets), Δ against the single agent." + (few ? ` ${few} cells have one seed: their ± is no measured spread.` : "") }),
+    element("table", { class: "comparison" }, head, ...rows));
 }
 
 // ---- configs ------------------------------------------------------------------------

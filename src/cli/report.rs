@@ -48,26 +48,7 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<()> {
             print!("{}", compare::render(&table));
             println!("wrote {} files into {}", written.files.len(), args.output.display());
         }
-        Format::Json => println!("{}", serde_json::to_string_pretty(&cells(&table))?),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&compare::cells(&table))?),
     }
     Ok(())
-}
-
-/// The table's cells as compare.csv has them, one object each.
-fn cells(table: &compare::Table) -> serde_json::Value {
-    let mut cells = Vec::new();
-    for (index, (row, values)) in table.rows.iter().enumerate() {
-        for (task, cell) in values.iter().enumerate() {
-            let Some(c) = cell else { continue };
-            cells.push(serde_json::json!({
-                "method": row.label,
-                "task": table.tasks[task],
-                "success_mean": c.mean,
-                "success_std": c.std,
-                "seeds": c.seeds,
-                "delta_vs_single_agent": table.delta(index, task),
-            }));
-        }
-    }
-    serde_json::Value::Array(cells)
 }

@@ -215,6 +215,25 @@ pub fn table(runs: &[RunResults], at: Option<u32>) -> Table {
     Table { tasks, rows }
 }
 
+/// The table's cells as compare.csv has them, one object each.
+pub fn cells(table: &Table) -> serde_json::Value {
+    let mut cells = Vec::new();
+    for (index, (row, values)) in table.rows.iter().enumerate() {
+        for (task, cell) in values.iter().enumerate() {
+            let Some(c) = cell else { continue };
+            cells.push(serde_json::json!({
+                "method": row.label,
+                "task": table.tasks[task],
+                "success_mean": c.mean,
+                "success_std": c.std,
+                "seeds": c.seeds,
+                "delta_vs_single_agent": table.delta(index, task),
+            }));
+        }
+    }
+    serde_json::Value::Array(cells)
+}
+
 /// The table as aligned text, success in percent: `mean ± std (seeds) Δ`.
 pub fn render(table: &Table) -> String {
     let mut cells: Vec<Vec<String>> = vec![std::iter::once("method".to_string()).chain(table.tasks.clone()).collect()];

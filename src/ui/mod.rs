@@ -11,6 +11,8 @@
 //!  POST /api/sql          {run, query}: columns and rows
 //!  POST /api/config       {run}: run.yaml as frozen, and where the run came from
 //!  POST /api/tree         {run, iteration, task}: the task's sampling tree, token by token
+//!  POST /api/compare      {runs}: held-out success per method and task over the runs, as
+//!                         `petting compare --format json` gives it
 //! ```
 
 mod assets;
@@ -28,6 +30,7 @@ use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::inspect::compare;
 use crate::inspect::panels::{OVERLAP, SPANS, panels};
 use crate::inspect::report::series;
 use crate::pipeline::headline::Headline;
@@ -173,6 +176,16 @@ async fn route(request: hyper::Request<Incoming>, dashboard: &Dashboard) -> Resu
                 .map_err(|e| Refusal::new(404, e.to_string()))?;
             Ok(json_reply(200, &found))
         }
+        (&Method::POST, "/api/compare") => {
+            let body: CompareRequest = read_json(request.into_body()).await?;
+            let mut runs = Vec::new();
+            for url in &body.runs {
+                let store = dashboard.run(url).await?;
+                runs.push(compare::read_run(&store).await.map_err(|e| Refusal::new(400, format!("{url}: {e}")))?);
+            }
+            compare::label_runs(&mut runs, &[]).map_err(Refusal::internal)?;
+            Ok(json_reply(200, &compare::cells(&compare::table(&runs, None))))
+        }
         (method, _) => Err(Refusal::new(404, format!("the dashboard does not serve {method} {path}"))),
     }
 }
@@ -192,6 +205,11 @@ struct SqlRequest {
 struct SeriesRequest {
     run: String,
     queries: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct CompareRequest {
+    runs: Vec<String>,
 }
 
 #[derive(Deserialize)]

@@ -107,6 +107,14 @@ fn the_dashboard_follows_a_live_run_overlays_runs_and_colours_each_token_by_its_
     assert_eq!(names.len(), 4, "two modes of two runs: {names:?}");
     screenshot(&browser, "ui-charts.png", dir.path());
 
+    // The comparison of the two runs: one method, two seeds, untrained and trained rows.
+    browser.eval("document.querySelector('[data-tab=compare]').click(); return 0");
+    let rows =
+        browser.wait_for("return [...document.querySelectorAll('#compare .compare-row')].map(r => r.textContent)", 30);
+    let rows: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    assert!(!rows.is_empty() && rows.iter().all(|r| r.contains("(2)")), "both seeds in every cell: {rows:?}");
+    screenshot(&browser, "ui-compare.png", dir.path());
+
     // The tree of a task: every response token with the logprob it was sampled at.
     browser.goto(&page(&dashboard, &[&url_a], "tree"));
     let shown = browser.wait_for(
