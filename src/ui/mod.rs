@@ -61,7 +61,9 @@ pub struct Dashboard {
 }
 
 impl Dashboard {
-    /// Checks that every source can be opened, so a typo fails at once.
+    /// Checks that every source can be listed: a malformed URL, an unknown scheme or
+    /// missing credentials fail here, not in the page. A folder that does not exist yet
+    /// holds no runs until one starts there.
     pub async fn new(sources: Vec<String>) -> Result<Dashboard, Error> {
         for source in &sources {
             RunStore::runs_under(source, DEPTH).await?;
