@@ -288,24 +288,7 @@ impl RunStore {
     /// The files under `relative_dir` that [`RunStore::put_file`] wrote, as paths relative
     /// to the run, in order.
     pub async fn list_files(&self, relative_dir: &str) -> Result<Vec<String>> {
-        let prefix = self.path(relative_dir);
-        let listed: Vec<_> = match self.store.list(Some(&prefix)).try_collect().await {
-            Ok(listed) => listed,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(self.object_error("list", relative_dir, e)),
-        };
-        let root = self.root.as_ref();
-        let mut files: Vec<String> = listed
-            .into_iter()
-            .map(|meta| {
-                meta.location
-                    .as_ref()
-                    .strip_prefix(root)
-                    .unwrap_or(meta.location.as_ref())
-                    .trim_start_matches('/')
-                    .to_string()
-            })
-            .collect();
+        let mut files = self.list_relative(relative_dir).await?;
         files.sort();
         Ok(files)
     }
@@ -364,14 +347,21 @@ impl RunStore {
     }
 
     /// The paths, relative to the run, of every file under `dir`.
+    /// The files under `dir`, relative to the run; none where `dir` does not exist.
     async fn list_relative(&self, dir: &str) -> Result<Vec<String>> {
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&self.path(dir)))
-            .try_collect()
-            .await
-            .map_err(|e| self.object_error("list", dir, e))?;
+        let metas: Vec<_> = match self.store.list(Some(&self.path(dir))).try_collect().await {
+            Ok(metas) => metas,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(self.object_error("list", dir, e)),
+        };
         Ok(metas.iter().map(|m| self.relative(&m.location)).collect())
+    }
+
+    async fn delete_if_present(&self, relative: &str) -> Result<()> {
+        match self.store.delete(&self.path(relative)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.object_error("delete", relative, e)),
+        }
     }
 
     /// Every commit marker of the run, sorted by stage order.

@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
 use crate::store::{FileEntry, Result, RunStore, layout};
@@ -76,13 +75,6 @@ impl RunStore {
             .await
             .map_err(|e| self.object_error("create", &path, e))?;
         Ok(path)
-    }
-
-    async fn delete_if_present(&self, relative: &str) -> Result<()> {
-        match self.store.delete(&self.path(relative)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.object_error("delete", relative, e)),
-        }
     }
 
     /// Every pruned file, with the record that pruned it.

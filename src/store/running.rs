@@ -7,8 +7,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
-use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
 use super::layout::{RUNNING_DIR, Stage, StageId};
@@ -70,27 +68,16 @@ impl RunStore {
 
     /// Removes the running file of stage `id`.
     pub async fn clear_running(&self, id: &StageId) -> Result<()> {
-        let relative = file_of(id);
-        match self.object_store().delete(&self.path(&relative)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.object_error("delete", &relative, e)),
-        }
+        self.delete_if_present(&file_of(id)).await
     }
 
     /// The stages whose running file is fresh: running now, in some process.
     pub async fn running(&self) -> Result<Vec<Running>> {
-        let prefix = self.path(RUNNING_DIR);
-        let listed: Vec<_> = match self.object_store().list(Some(&prefix)).try_collect().await {
-            Ok(listed) => listed,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(self.object_error("list", RUNNING_DIR, e)),
-        };
         let now = Utc::now();
         let mut running = Vec::new();
-        for meta in listed {
-            // A file half gone (its stage just committed) or unreadable is no stage running.
-            let Ok(got) = self.object_store().get(&meta.location).await else { continue };
-            let Ok(bytes) = got.bytes().await else { continue };
+        for path in self.list_relative(RUNNING_DIR).await? {
+            // A file just gone (its stage committed) or unreadable is no stage running.
+            let Ok(Some(bytes)) = self.get(&path).await else { continue };
             if let Ok(file) = serde_json::from_slice::<Running>(&bytes)
                 && file.is_fresh(now)
             {
