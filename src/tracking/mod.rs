@@ -5,6 +5,7 @@
 //!
 //! A tracker observes and never decides: one that fails is a warning, and the run goes on.
 
+mod crc;
 pub mod mlflow;
 mod protobuf;
 pub mod tensorboard;

@@ -4,6 +4,7 @@
 //! names the file version, as TensorFlow's own writer does. `tensorboard --logdir` reads
 //! the file as it grows; no TensorFlow or protobuf library is needed to write it.
 
+use super::crc::{CASTAGNOLI, crc32};
 use super::protobuf;
 
 /// The file's version event, which readers expect first.
@@ -71,32 +72,12 @@ fn event(wall_time: f64, step: i64, payload: Payload) -> Vec<u8> {
 /// TFRecord's checksum: CRC-32C rotated right by 15 bits plus a constant, so that a CRC
 /// of data holding CRCs is not degenerate.
 fn masked_crc32c(bytes: &[u8]) -> u32 {
-    crc32c(bytes).rotate_right(15).wrapping_add(0xa282_ead8)
-}
-
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit: event files are a
-/// few kilobytes.
-fn crc32c(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0x82f6_3b78 } else { crc >> 1 };
-        }
-    }
-    !crc
+    crc32(CASTAGNOLI, bytes).rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc32c_matches_its_check_value() {
-        // The standard check value of CRC-32C, and RFC 3720's 32 bytes of zeros.
-        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
-        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
-    }
 
     #[test]
     fn an_event_encodes_as_its_protocol_buffer() {

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::crc::{IEEE, crc32};
 use super::{TrackedRun, protobuf};
 use crate::store::layout::WANDB_DIR;
 use crate::store::{RunStore, StageId};
@@ -263,7 +264,7 @@ fn datastore(records: &[Vec<u8>]) -> Vec<u8> {
             };
             let mut checked = vec![kind];
             checked.extend_from_slice(piece);
-            out.extend_from_slice(&crc32(&checked).to_le_bytes());
+            out.extend_from_slice(&crc32(IEEE, &checked).to_le_bytes());
             out.extend_from_slice(&(piece.len() as u16).to_le_bytes());
             out.push(kind);
             out.extend_from_slice(piece);
@@ -277,26 +278,9 @@ fn datastore(records: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-/// CRC-32 (IEEE, reflected polynomial 0xEDB88320, zlib's), bit by bit: the files are small.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
-        }
-    }
-    !crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc32_matches_its_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
-    }
 
     /// Reads the pieces back as W&B's reader does, checking each checksum.
     fn pieces(file: &[u8]) -> Vec<(u8, Vec<u8>)> {
@@ -314,7 +298,7 @@ mod tests {
             let data = file[at + 7..at + 7 + length].to_vec();
             let mut checked = vec![kind];
             checked.extend_from_slice(&data);
-            assert_eq!(checksum, crc32(&checked));
+            assert_eq!(checksum, crc32(IEEE, &checked));
             assert!(at / BLOCK == (at + 7 + length - 1) / BLOCK, "a piece crosses a block");
             out.push((kind, data));
             at += 7 + length;
