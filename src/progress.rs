@@ -1,14 +1,15 @@
-//! How far a long stage is. Stages report units of work (episodes, optimiser steps) and
-//! the tokens they generated or trained on; the command line draws a bar on a terminal
-//! and prints plain lines otherwise, and tests report nowhere.
+//! How far a long stage is. Stages report units of work (episodes, optimiser steps), or
+//! parts of them, and the tokens they generated or trained on; the command line draws a
+//! bar on a terminal and prints plain lines otherwise, and tests report nowhere.
 
 /// Receives the progress of one phase of a stage at a time.
 pub trait Progress: Sync {
     /// A phase of `total` units (`unit` names them, e.g. "episodes") starts.
     fn start(&self, label: &str, total: u64, unit: &'static str);
 
-    /// `units` more units are done and `tokens` more tokens were processed.
-    fn advance(&self, units: u64, tokens: u64);
+    /// `units` more units (or parts of one: a rollout counts an episode's turns as they
+    /// are sampled) are done and `tokens` more tokens were processed.
+    fn advance(&self, units: f64, tokens: u64);
 
     /// The phase is over (also when it ended early).
     fn finish(&self);
@@ -29,6 +30,6 @@ pub struct Quiet;
 
 impl Progress for Quiet {
     fn start(&self, _label: &str, _total: u64, _unit: &'static str) {}
-    fn advance(&self, _units: u64, _tokens: u64) {}
+    fn advance(&self, _units: f64, _tokens: u64) {}
     fn finish(&self) {}
 }

@@ -77,6 +77,23 @@ pub struct Reply {
 pub trait Responder {
     fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error>;
 
+    /// [`respond`](Responder::respond), telling `watch` how the replies come along
+    /// (progress within one long batch): a prompt's index, the part of its reply newly done
+    /// (the parts of a reply add up to 1), and the tokens newly generated. Responders that
+    /// answer all at once tell it of each whole reply when the batch is done.
+    fn respond_watched(
+        &mut self,
+        policy: &str,
+        prompts: &[Prompt],
+        watch: &mut dyn FnMut(usize, f64, u64),
+    ) -> Result<Vec<Reply>, Error> {
+        let replies = self.respond(policy, prompts)?;
+        for (index, reply) in replies.iter().enumerate() {
+            watch(index, 1.0, reply.tokens.len() as u64);
+        }
+        Ok(replies)
+    }
+
     /// Whether `policy` can be sent `text`: false when the prompt, as the model would
     /// see it, is longer than the limit (answering it would be an error).
     fn fits(&mut self, _policy: &str, _text: &str) -> Result<bool, Error> {

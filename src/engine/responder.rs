@@ -50,6 +50,15 @@ impl Responder for ModelResponder<'_> {
     }
 
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+        self.respond_watched(name, prompts, &mut |_, _, _| {})
+    }
+
+    fn respond_watched(
+        &mut self,
+        name: &str,
+        prompts: &[Prompt],
+        watch: &mut dyn FnMut(usize, f64, u64),
+    ) -> Result<Vec<Reply>, Error> {
         let (policy, adapter) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let adapter = adapter.map(str::to_owned);
         let rendered = render(policy, prompts, self.max_prompt_tokens)?;
@@ -61,7 +70,12 @@ impl Responder for ModelResponder<'_> {
             .map(|(p, (_, ids))| GenerationRequest { prompt_ids: ids.clone(), seed: p.seed, adapter: adapter.clone() })
             .collect();
         let started = Instant::now();
-        let (generations, stats) = policy.generate_with_stats(&requests, &self.settings)?;
+        // A reply is done by its last token, or by a token-limit's worth of tokens.
+        let per_token = 1.0 / self.settings.max_new_tokens.max(1) as f64;
+        let (generations, stats) = policy.generate_watched(&requests, &self.settings, &mut |index, tokens, last| {
+            let part = if last { 1.0 - (tokens - 1) as f64 * per_token } else { per_token };
+            watch(index, part, 1)
+        })?;
         let seconds = started.elapsed().as_secs_f64();
         tracing::info!(
             policy = name,
@@ -174,6 +188,15 @@ impl Responder for VllmResponder<'_> {
     }
 
     fn respond(&mut self, name: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, Error> {
+        self.respond_watched(name, prompts, &mut |_, _, _| {})
+    }
+
+    fn respond_watched(
+        &mut self,
+        name: &str,
+        prompts: &[Prompt],
+        watch: &mut dyn FnMut(usize, f64, u64),
+    ) -> Result<Vec<Reply>, Error> {
         let served = self.served.name(name).ok_or_else(|| not_loaded(name))?.to_string();
         let (policy, _) = self.policies.model(name).ok_or_else(|| not_loaded(name))?;
         let stop_token_ids = policy.config().eos_token_ids.clone();
@@ -195,6 +218,13 @@ impl Responder for VllmResponder<'_> {
             futures::stream::iter(&requests)
                 .map(|r| client.complete(r))
                 .buffered(self.max_concurrent_requests)
+                .enumerate()
+                .inspect(|(index, completion)| {
+                    if let Ok(completion) = completion {
+                        watch(*index, 1.0, completion.token_ids.len() as u64);
+                    }
+                })
+                .map(|(_, completion)| completion)
                 .collect(),
         );
         let seconds = started.elapsed().as_secs_f64();

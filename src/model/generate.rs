@@ -205,6 +205,12 @@ struct Row {
     logprobs: Vec<f32>,
 }
 
+/// The generations finished so far, in request order, and who hears of each token.
+struct Done<'a> {
+    generations: Vec<Option<Generation>>,
+    watch: &'a mut dyn FnMut(usize, usize, bool),
+}
+
 /// What stays fixed for one call.
 struct Call<'a> {
     requests: &'a [GenerationRequest],
@@ -233,6 +239,18 @@ impl LanguageModel {
         requests: &[GenerationRequest],
         settings: &GenerationSettings,
     ) -> Result<(Vec<Generation>, GenerationStats)> {
+        self.generate_watched(requests, settings, &mut |_, _, _| {})
+    }
+
+    /// [`generate_with_stats`](LanguageModel::generate_with_stats), telling `watch` of every
+    /// token as it is sampled: the request's index, its tokens so far, and whether that
+    /// was its last.
+    pub fn generate_watched(
+        &mut self,
+        requests: &[GenerationRequest],
+        settings: &GenerationSettings,
+        watch: &mut dyn FnMut(usize, usize, bool),
+    ) -> Result<(Vec<Generation>, GenerationStats)> {
         let during = || {
             let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap_or(0);
             format!(
@@ -247,7 +265,7 @@ impl LanguageModel {
                 self.lm.pack_weights(|weights| {
                     room_to_pack(available_ram_bytes(), weights, settings.kv_budget.bytes(device))
                 })?;
-                self.generate_inner(requests, settings)
+                self.generate_inner(requests, settings, watch)
             })
         });
         self.lm.unpack_weights();
@@ -259,6 +277,7 @@ impl LanguageModel {
         &mut self,
         requests: &[GenerationRequest],
         settings: &GenerationSettings,
+        watch: &mut dyn FnMut(usize, usize, bool),
     ) -> Result<(Vec<Generation>, GenerationStats)> {
         let mut stats = GenerationStats::default();
         if requests.is_empty() {
@@ -269,7 +288,7 @@ impl LanguageModel {
         stats.slots = slots;
         let mut waiting = distinct_prompts(requests);
         let mut running: Vec<Row> = Vec::with_capacity(slots);
-        let mut done: Vec<Option<Generation>> = vec![None; requests.len()];
+        let mut done = Done { generations: vec![None; requests.len()], watch };
         loop {
             let started = Instant::now();
             let joined = self.admit(&mut waiting, &mut running, slots, &mut stats);
@@ -294,7 +313,8 @@ impl LanguageModel {
                 stats.tail_seconds += seconds;
             }
         }
-        let generations: Vec<Generation> = done.into_iter().map(|g| g.expect("every request finishes")).collect();
+        let generations: Vec<Generation> =
+            done.generations.into_iter().map(|g| g.expect("every request finishes")).collect();
         stats.generated_tokens = generations.iter().map(|g| g.token_ids.len()).sum();
         Ok((generations, stats))
     }
@@ -528,7 +548,7 @@ impl LanguageModel {
         logits: &Tensor,
         running: &mut Vec<Row>,
         first: usize,
-        done: &mut [Option<Generation>],
+        done: &mut Done,
     ) -> Result<()> {
         let rows = &running[first..];
         let seeds: Vec<u64> = rows.iter().map(|r| call.requests[r.request].seed).collect();
@@ -546,8 +566,10 @@ impl LanguageModel {
             let row = &mut running[slot];
             row.tokens.push(token);
             row.logprobs.push(logprob);
-            if let Some(reason) = self.finish_reason(call, row)? {
-                done[row.request] = Some(self.finish(row, reason)?);
+            let reason = self.finish_reason(call, row)?;
+            (done.watch)(row.request, row.tokens.len(), reason.is_some());
+            if let Some(reason) = reason {
+                done.generations[row.request] = Some(self.finish(row, reason)?);
                 finished.push(slot);
             }
         }

@@ -246,6 +246,12 @@ impl Setup {
         }
     }
 
+    /// The most steps an episode can take: every role's turn, each turn (a hosted
+    /// environment's agents are not known before it starts: counted as one).
+    fn most_steps(&self) -> u32 {
+        self.max_turns.saturating_mul(self.workflow.agents().len().max(1) as u32)
+    }
+
     /// Candidates sampled per live episode and step.
     fn branches(&self) -> u32 {
         match self.branching {

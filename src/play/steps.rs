@@ -92,10 +92,14 @@ pub(super) fn play<S: Stepping>(
     let mut candidates = Vec::new();
     let (mut model, mut sandboxed) = (Duration::ZERO, Duration::ZERO);
     let mut skipped: Vec<usize> = Vec::new();
+    let mut shares = EpisodeShares::new(tracks.len(), setup.most_steps());
     loop {
         stepping.play_scripted(&mut tracks);
         if setup.overlong_prompt == OverlongPrompt::Skip {
-            skipped.extend(overlong_tasks(setup, &tracks, &skipped, responder)?);
+            let newly = overlong_tasks(setup, &tracks, &skipped, responder)?;
+            let left_out = (0..tracks.len()).filter(|&t| newly.contains(&tracks[t].task_index));
+            progress.advance(left_out.map(|t| shares.take_rest(t)).sum(), 0);
+            skipped.extend(newly);
         }
         let live: Vec<usize> = (0..tracks.len())
             .filter(|&i| !tracks[i].episode.is_done() && !skipped.contains(&tracks[i].task_index))
@@ -103,16 +107,20 @@ pub(super) fn play<S: Stepping>(
         if live.is_empty() {
             break;
         }
+        // Each reply moves the bar by its share of its track's step, token by token.
+        let branches = setup.branches() as usize;
+        let reply_share: Vec<f64> = live.iter().map(|&t| shares.take_step(t) / branches as f64).collect();
+        let mut answered =
+            |slot: usize, part: f64, tokens: u64| progress.advance(part * reply_share[slot / branches], tokens);
         let started = Instant::now();
-        let step = sample_step(&task_keys, setup, &tracks, &live, responder)?;
+        let step = sample_step(&task_keys, setup, &tracks, &live, responder, &mut answered)?;
         model += started.elapsed();
         let stepped = stepping.step(&tracks, &live, &step)?;
         sandboxed += stepped.sandbox_time;
-        let tokens: u64 = step.replies.iter().map(|(_, reply)| reply.tokens.len() as u64).sum();
         let retired = continue_best(setup, &mut tracks, &live, step, stepped.branches, &mut candidates);
         stepping.retire(&retired.iter().collect::<Vec<_>>())?;
-        let ended = live.iter().filter(|&&t| tracks[t].episode.is_done()).count();
-        progress.advance(ended as u64, tokens);
+        let ended = live.iter().filter(|&&t| tracks[t].episode.is_done());
+        progress.advance(ended.map(|&t| shares.take_rest(t)).sum(), 0);
     }
     stepping.retire(&tracks.iter().map(|t| &t.episode).collect::<Vec<_>>())?;
     skipped.sort_unstable();
@@ -230,6 +238,7 @@ fn sample_step<E: Turns>(
     tracks: &[Track<E>],
     live: &[usize],
     responder: &mut dyn Responder,
+    answered: &mut dyn FnMut(usize, f64, u64),
 ) -> Result<SampledStep, Error> {
     // (policy, prompt) per reply slot, then one responder call per policy.
     let mut wanted: Vec<(String, Prompt)> = Vec::new();
@@ -253,11 +262,16 @@ fn sample_step<E: Turns>(
         policy_of.push(policy.clone());
         messages.push(text);
     }
-    Ok(SampledStep { replies: respond(wanted, responder)?, policy_of, messages })
+    Ok(SampledStep { replies: respond(wanted, responder, answered)?, policy_of, messages })
 }
 
-/// Every wanted prompt's reply, in order, with one responder call per policy.
-fn respond(wanted: Vec<(String, Prompt)>, responder: &mut dyn Responder) -> Result<Vec<(u64, Reply)>, Error> {
+/// Every wanted prompt's reply, in order, with one responder call per policy; `answered`
+/// hears how each (by its index in `wanted`) comes along ([`Responder::respond_watched`]).
+fn respond(
+    wanted: Vec<(String, Prompt)>,
+    responder: &mut dyn Responder,
+    answered: &mut dyn FnMut(usize, f64, u64),
+) -> Result<Vec<(u64, Reply)>, Error> {
     let mut replies: Vec<Option<(u64, Reply)>> = vec![None; wanted.len()];
     let mut by_policy: Vec<(&str, Vec<usize>)> = Vec::new();
     for (i, (policy, _)) in wanted.iter().enumerate() {
@@ -268,15 +282,42 @@ fn respond(wanted: Vec<(String, Prompt)>, responder: &mut dyn Responder) -> Resu
     }
     for (policy, slots) in by_policy {
         let prompts: Vec<Prompt> = slots.iter().map(|&i| wanted[i].1.clone()).collect();
-        let answered = responder.respond(policy, &prompts)?;
-        if answered.len() != prompts.len() {
-            return Err(Error::ReplyCount { asked: prompts.len(), got: answered.len() });
+        let got =
+            responder.respond_watched(policy, &prompts, &mut |k, part, tokens| answered(slots[k], part, tokens))?;
+        if got.len() != prompts.len() {
+            return Err(Error::ReplyCount { asked: prompts.len(), got: got.len() });
         }
-        for (&i, reply) in slots.iter().zip(answered) {
+        for (&i, reply) in slots.iter().zip(got) {
             replies[i] = Some((wanted[i].1.seed, reply));
         }
     }
     Ok(replies.into_iter().map(|r| r.expect("every slot answered")).collect())
+}
+
+/// The progress an episode is worth: one unit, spread evenly over the most steps it can
+/// take, the rest counted when it ends (early, or left out as too long).
+pub(super) struct EpisodeShares {
+    left: Vec<f64>,
+    steps_left: Vec<u32>,
+}
+
+impl EpisodeShares {
+    pub(super) fn new(tracks: usize, most_steps: u32) -> EpisodeShares {
+        EpisodeShares { left: vec![1.0; tracks], steps_left: vec![most_steps.max(1); tracks] }
+    }
+
+    /// What track `t`'s next step is worth.
+    pub(super) fn take_step(&mut self, t: usize) -> f64 {
+        let share = self.left[t] / f64::from(self.steps_left[t].max(1));
+        self.left[t] -= share;
+        self.steps_left[t] = self.steps_left[t].saturating_sub(1);
+        share
+    }
+
+    /// What is left of track `t`, which ended.
+    pub(super) fn take_rest(&mut self, t: usize) -> f64 {
+        std::mem::take(&mut self.left[t])
+    }
 }
 
 /// The branch that continues the trajectory.

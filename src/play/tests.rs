@@ -132,30 +132,50 @@ fn tree_sampling_branches_k_ways_and_continues_the_best() {
     assert_eq!(again.candidates, candidates);
 }
 
-/// Sums what it is told.
+/// Keeps every advance it is told of: (units, tokens).
 #[derive(Default)]
-struct Tally(Mutex<(u64, u64, u32)>);
+struct Tally(Mutex<Vec<(f64, u64)>>);
 
 impl Progress for Tally {
     fn start(&self, _label: &str, _total: u64, _unit: &'static str) {}
-    fn advance(&self, units: u64, tokens: u64) {
-        let mut t = self.0.lock().unwrap();
-        *t = (t.0 + units, t.1 + tokens, t.2 + 1);
+    fn advance(&self, units: f64, tokens: u64) {
+        self.0.lock().unwrap().push((units, tokens));
     }
     fn finish(&self) {}
 }
 
 #[test]
-fn progress_counts_every_episode_and_sampled_token_once_per_step() {
+fn progress_moves_with_every_reply_and_counts_each_episode_and_token_once() {
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
     let tally = Tally::default();
     let played =
         play(Started::Local(&games()), &setup(RolloutMode::Independent), &mut Scripted, &sandbox, &tally).unwrap();
-    let (episodes, tokens, steps) = *tally.0.lock().unwrap();
-    assert_eq!(episodes, played.finished.len() as u64);
+    let advances = tally.0.into_inner().unwrap();
+    let units: f64 = advances.iter().map(|a| a.0).sum();
+    assert!(
+        (units - played.finished.len() as f64).abs() < 1e-9,
+        "{units} units for {} episodes",
+        played.finished.len()
+    );
+    let tokens: u64 = advances.iter().map(|a| a.1).sum();
     assert_eq!(tokens, played.candidates.iter().map(|c| c.reply.tokens.len() as u64).sum::<u64>());
-    assert_eq!(steps, 2, "a tool step, then a planner step");
+    let replies: Vec<f64> = advances.iter().filter(|a| a.1 > 0).map(|a| a.0).collect();
+    assert_eq!(replies.len(), played.candidates.len(), "each reply moves the bar as it comes");
+    // One turn of two roles: every tool agent's reply is half an episode.
+    let tool_step: f64 = replies[..replies.len() / 2].iter().sum();
+    assert!((tool_step - played.finished.len() as f64 / 2.0).abs() < 1e-9, "{tool_step}");
     assert!(played.sandbox_seconds > 0.0, "the tool programs ran in the sandbox");
+}
+
+#[test]
+fn an_episode_ending_early_counts_what_its_unplayed_steps_were_worth() {
+    let mut shares = steps::EpisodeShares::new(2, 4);
+    assert_eq!(shares.take_step(0), 0.25);
+    assert_eq!(shares.take_step(0), 0.25);
+    assert_eq!(shares.take_rest(0), 0.5, "ended after two of four steps");
+    assert_eq!(shares.take_rest(0), 0.0, "counted once");
+    let past_the_bound: f64 = (0..6).map(|_| shares.take_step(1)).sum();
+    assert_eq!(past_the_bound + shares.take_rest(1), 1.0, "an episode longer than the bound is still one");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The sampler's batching: a key/value budget far below the batch, one prefill shared by
 //! a prompt's branches, slots refilled as rows finish, all giving what each row computes
-//! alone; and a GPU asked for where there is none.
+//! alone, each row told of as it finishes; and a GPU asked for where there is none.
 
 use petting::model::{
     Generation, GenerationRequest, GenerationSettings, GenerationStats, KvBudget, LanguageModel, LoadOptions, Sampling,
@@ -135,10 +135,23 @@ fn continuous_batching_gives_the_per_row_results_of_static_batching() {
     let settings = GenerationSettings { eos_token_ids: Some((5..25).collect()), ..sampled(16) };
     let requests: Vec<GenerationRequest> =
         (0..20).map(|i| GenerationRequest { prompt_ids: prompt(i % 7), seed: i as u64, adapter: None }).collect();
-    let (static_batch, one) = generate(&mut policy, &requests, &settings);
+    let (mut heard, mut told) = (Vec::new(), 0);
+    let (static_batch, one) = policy
+        .generate_watched(&requests, &settings, &mut |index, tokens, last| {
+            told += 1;
+            if last {
+                heard.push((index, tokens))
+            }
+        })
+        .unwrap();
     assert_eq!(one.slots, 20);
     let lengths: Vec<usize> = static_batch.iter().map(|g| g.token_ids.len()).collect();
     assert!(lengths.iter().min() < lengths.iter().max(), "rows finish at different steps: {lengths:?}");
+    // Each row's last token is told of once: all started together, the shorter first.
+    assert_eq!(heard.len(), 20);
+    assert_eq!(told, lengths.iter().sum::<usize>(), "every token is told of");
+    assert!(heard.iter().all(|&(i, tokens)| tokens == lengths[i]), "{heard:?}");
+    assert!(heard.windows(2).all(|w| w[0].1 <= w[1].1), "{heard:?}");
 
     let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap();
     let few = GenerationSettings { kv_budget: budget_for(&policy, 5, longest, &settings), ..settings };

@@ -170,7 +170,7 @@ pub fn play(
     responder: &mut dyn Responder,
     progress: &dyn Progress,
 ) -> Result<Played, Error> {
-    progress.advance(running.episodes.iter().filter(|e| e.failure.is_some()).count() as u64, 0);
+    progress.advance(running.episodes.iter().filter(|e| e.failure.is_some()).count() as f64, 0);
     let programs = running.programs;
     let mut dispatcher = Dispatcher {
         programs,
@@ -263,7 +263,7 @@ impl Dispatcher<'_> {
     /// Starts episode `index`'s program; one that cannot start has failed.
     fn launch(&self, episodes: &mut [Episode], index: usize) {
         if !launch(self.programs, self.endpoint, &self.events, self.task_files, &mut episodes[index], index) {
-            self.progress.advance(1, 0);
+            self.progress.advance(1.0, 0);
         }
     }
 
@@ -347,14 +347,14 @@ impl Dispatcher<'_> {
                 let _ = w.call.answer.send(Ok(answered));
             }
         }
-        self.progress.advance(0, tokens);
+        self.progress.advance(0.0, tokens);
         Ok(())
     }
 
     /// Reads the verdict of a program that ended.
     fn exited(&self, episode: &mut Episode, status: std::io::Result<ExitStatus>, stdout: &str, stderr: &str) {
         episode.running = None;
-        self.progress.advance(1, 0);
+        self.progress.advance(1.0, 0);
         let stderr = stderr_tail(stderr);
         let failure = match status {
             _ if episode.failure.is_some() => return,

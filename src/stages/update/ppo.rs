@@ -196,7 +196,7 @@ pub(super) fn train_ppo(
         let tokens: usize = whole.iter().map(|r| r.response_ids.len()).sum();
         let facts = StepFacts { step: step as u64, done: &done, lr, start };
         rows.push(step_row(settings, set, chunk, &old, &drift, facts));
-        progress.advance(1, tokens as u64);
+        progress.advance(1.0, tokens as u64);
     }
     check_finite(set, settings, &trainer, &rows)?;
     if let Some(ranks) = ranks {

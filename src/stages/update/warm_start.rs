@@ -110,7 +110,7 @@ pub(super) fn train(
             stale_logprob_drift_mean: None,
             stale_mismatch_fraction: None,
         });
-        progress.advance(1, tokens as u64);
+        progress.advance(1.0, tokens as u64);
     }
     Ok(rows)
 }
