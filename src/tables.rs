@@ -120,6 +120,9 @@ pub struct TurnRow {
     /// The version its iteration's update trains minus `policy_version` (0 strictly
     /// on-policy; at most `rollout.max_staleness`). None in runs made before the column existed.
     pub staleness: Option<u32>,
+    /// Some(false) for a frozen agent's turn: never grouped or trained. None in runs made
+    /// before the column existed.
+    pub trainable: Option<bool>,
 }
 impl Row for TurnRow {
     const TABLE: Table = Table::Turns;
@@ -441,6 +444,7 @@ mod tests {
             failure: None,
             credited_reward: Some(2.5),
             staleness: Some(0),
+            trainable: Some(true),
         };
         let batch = to_batch(std::slice::from_ref(&row)).unwrap();
         assert_eq!(from_batch::<TurnRow>(&batch).unwrap(), vec![row]);

@@ -414,3 +414,32 @@ fn settings_name_each_leaf_by_its_path_and_leave_unset_keys_out() {
     ];
     assert_eq!(settings(&config), expected.map(|(k, v)| (k.to_string(), v.to_string())).into());
 }
+
+#[test]
+fn a_frozen_policy_takes_no_optimiser_or_adapter_and_something_must_train() {
+    const TWO: &str = "
+store: runs/x
+iterations: 2
+env: {name: plan_path}
+workflow: {kind: tool_planner}
+agents:
+  tool: {policy: grader}
+  planner: {policy: pilot}
+policies:
+  grader: {model: ../models/tiny, trainable: false}
+  pilot: {model: ../models/tiny}
+";
+    let config = parse_str(TWO).unwrap();
+    assert_eq!((config.policies["grader"].version_at(7), config.policies["pilot"].version_at(7)), (0, 7));
+    let with = |key: &str| TWO.replace("trainable: false}", &format!("trainable: false, {key}}}"));
+    let message = error_of(&with("optimizer: {lr: 1.0e-3}"));
+    assert!(message.contains("policies.grader.optimizer: is set, but the policy is frozen"), "{message}");
+    let message = error_of(&with("lora: {rank: 4}"));
+    assert!(message.contains("policies.grader.lora: is set, but the policy is frozen"), "{message}");
+    let message =
+        error_of(&TWO.replace("pilot: {model: ../models/tiny}", "pilot: {model: ../models/tiny, trainable: false}"));
+    assert!(message.contains("policies: are all frozen") && message.contains("nothing would train"), "{message}");
+    let ppo = format!("{TWO}algorithm: {{name: ppo}}\ncritic: {{}}\nrollout: {{mode: independent}}\n");
+    let message = error_of(&ppo);
+    assert!(message.contains("grader is frozen"), "{message}");
+}

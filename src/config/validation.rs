@@ -40,6 +40,11 @@ impl RunConfig {
                  warm-started one (--from runs/plan-path@0), or drop lora",
             )?;
         }
+        check(
+            self.policies.values().any(|p| p.trainable),
+            "policies",
+            "are all frozen (trainable: false): nothing would train; let at least one policy train",
+        )?;
         pools::validate(&self.pools, &self.policies)?;
         self.rollout.validate(self.data.train_tasks)?;
         self.algorithm.validate()?;
@@ -247,6 +252,16 @@ impl RunConfig {
             "algorithm.alpha",
             "two_players records each mover's own result as its team_reward, so GAE would hand the last \
              mover's result to both players; write algorithm.alpha: 0",
+        )?;
+        let frozen = self.policies.iter().find(|(_, p)| !p.trainable).map(|(name, _)| name);
+        check(
+            frozen.is_none(),
+            "algorithm.name",
+            format!(
+                "ppo fits a critic head on every policy, and {} is frozen (trainable: false); use a group \
+                 estimator (at_grpo, grpo, …) beside a frozen agent",
+                frozen.map_or("", String::as_str)
+            ),
         )
     }
 

@@ -177,6 +177,7 @@ pub(crate) mod tests {
             failure: None,
             credited_reward: None,
             staleness: None,
+            trainable: None,
         }
     }
 

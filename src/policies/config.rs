@@ -34,6 +34,19 @@ pub struct PolicyConfig {
     /// The pool of ranks (`pools.<name>`) whose ranks update this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// false: a frozen agent's policy (a grader, a user simulator, a fixed opponent). Its
+    /// turns are sampled with version 0 and stored (`turns.trainable` false), but never
+    /// grouped, given advantages or trained.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub trainable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 /// Where a policy's v0 weights come from.
@@ -57,6 +70,19 @@ impl PolicyConfig {
             lora.validate(&format!("{key}.lora"))?;
         }
         self.optimizer.validate(&format!("{key}.optimizer"))?;
+        if !self.trainable {
+            check(
+                self.optimizer == OptimizerConfig::default(),
+                format!("{key}.optimizer"),
+                "is set, but the policy is frozen (trainable: false): nothing trains it; drop one of the two",
+            )?;
+            check(
+                self.lora.is_none(),
+                format!("{key}.lora"),
+                "is set, but the policy is frozen (trainable: false): an adapter nothing trains is the base \
+                 model; drop one of the two",
+            )?;
+        }
         // f16's smallest normal is 6e-5: without a loss scaler, which petting does not
         // have, small gradients flush to zero and the policy silently stops learning.
         check(
@@ -65,6 +91,12 @@ impl PolicyConfig {
             "f16 training needs dynamic loss scaling, which petting does not do; use bf16 (the same memory, \
              float32's range) or f32",
         )
+    }
+
+    /// The version of this policy that samples where the trained policies sample with
+    /// `version`: a frozen policy only ever has version 0.
+    pub fn version_at(&self, version: u32) -> u32 {
+        if self.trainable { version } else { 0 }
     }
 
     /// The device and dtype the policy is loaded with.

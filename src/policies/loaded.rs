@@ -149,16 +149,19 @@ impl LoadedPolicies {
         self.members.values_mut().for_each(|m| m.model = 0);
     }
 
-    /// Whether every member is a policy of `configs` at version `version` as committed
-    /// (some policies may be missing).
+    /// Whether every member is a policy of `configs` at version `version` (version 0 for a
+    /// frozen one) as committed (some policies may be missing).
     fn all_at(&self, markers: &[StoredMarker], configs: &Configs, version: u32) -> bool {
         self.members.iter().all(|(name, m)| {
+            let Some(config) = configs.get(name) else { return false };
+            let version = config.version_at(version);
             let committed = find(markers, name, version).ok().map(|(_, c)| &c.weights_sha256);
-            configs.contains_key(name) && m.version == version && Some(&m.weights_sha256) == committed
+            m.version == version && Some(&m.weights_sha256) == committed
         })
     }
 
-    /// Loads version `version` of every policy of `configs` that is not a member yet.
+    /// Loads version `version` (version 0 for a frozen one) of every policy of `configs`
+    /// that is not a member yet.
     async fn load_missing(
         &mut self,
         store: &RunStore,
@@ -166,16 +169,17 @@ impl LoadedPolicies {
         configs: &Configs,
         version: u32,
     ) -> Result<(), Error> {
-        for name in configs.keys() {
+        for (name, config) in configs {
             if !self.members.contains_key(name) {
-                self.add(configs, fetch(store, markers, name, version).await?)?;
+                self.add(configs, fetch(store, markers, name, config.version_at(version)).await?)?;
             }
         }
         Ok(())
     }
 }
 
-/// Version `version` of every policy of the run, each file checked against its marker.
+/// Version `version` of every policy of the run (a frozen one's version 0), each file
+/// checked against its marker.
 pub async fn load_all(store: &RunStore, configs: &Configs, version: u32) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
     let mut loaded = LoadedPolicies::default();
@@ -200,10 +204,10 @@ pub struct Resident {
 }
 
 impl Resident {
-    /// Version `version` of every policy: the resident members when every one is that
-    /// version with the digest its commit marker records, and the policies not resident
-    /// loaded from the store; else all from the store (the resident set dropped first,
-    /// so two sets are never in memory).
+    /// Version `version` of every policy (a frozen one's version 0): the resident members
+    /// when every one is that version with the digest its commit marker records, and the
+    /// policies not resident loaded from the store; else all from the store (the resident
+    /// set dropped first, so two sets are never in memory).
     pub async fn take(&self, store: &RunStore, configs: &Configs, version: u32) -> Result<LoadedPolicies, Error> {
         let markers = store.markers().await?;
         let resident = self.policies.lock().expect("resident policies").take();

@@ -93,6 +93,7 @@ pub struct BaseRef {
 /// Version `version` of every policy, what iteration `iteration`'s rollout samples with
 /// (`RunConfig::sampled_version`): refused unless it is committed and no later version
 /// than `iteration` is (strictly on-policy, `version == iteration`: unless it is the latest).
+/// A frozen policy samples with its only version, 0.
 pub async fn load_for_rollout(
     store: &RunStore,
     configs: &BTreeMap<String, PolicyConfig>,
@@ -101,10 +102,11 @@ pub async fn load_for_rollout(
     resident: &Resident,
 ) -> Result<LoadedPolicies, Error> {
     let markers = store.markers().await?;
-    for name in configs.keys() {
+    for (name, config) in configs {
         let latest = latest_in(&markers, name).map(|r| r.version);
-        if !latest.is_some_and(|l| (version..=iteration).contains(&l)) {
-            return Err(Error::StaleVersion { policy: name.clone(), iteration, wanted: version, latest });
+        let wanted = config.version_at(version)..=config.version_at(iteration);
+        if !latest.is_some_and(|l| wanted.contains(&l)) {
+            return Err(Error::StaleVersion { policy: name.clone(), iteration, wanted: *wanted.start(), latest });
         }
     }
     resident.take(store, configs, version).await

@@ -344,7 +344,11 @@ fn sql_float(value: f64) -> String {
 fn scored_sql(algorithm: &AlgorithmConfig, iteration: u32) -> String {
     let key = algorithm.name.grouping().key_sql();
     let reward = algorithm.reward_sql();
-    format!("SELECT *, {key} AS group_id, {reward} AS reward FROM turns WHERE iteration = {iteration}")
+    // A frozen agent's turns are stored, never grouped or trained.
+    format!(
+        "SELECT *, {key} AS group_id, {reward} AS reward FROM turns \
+         WHERE iteration = {iteration} AND trainable IS NOT FALSE"
+    )
 }
 
 /// Sets each row's `credited_reward` as `algorithm` credits it, each episode (task,

@@ -53,8 +53,9 @@ pub async fn run(
     let mut sampled_with = BTreeMap::new();
     for marker in &source_markers {
         for used in &marker.marker.policies_used {
-            let (_, held) = policies::find(&ours, &used.policy, k)?;
-            if used.version != k || held.weights_sha256 != used.weights_sha256 {
+            let ours_at = config.policies.get(&used.policy).map_or(k, |p| p.version_at(k));
+            let (_, held) = policies::find(&ours, &used.policy, ours_at)?;
+            if used.version != ours_at || held.weights_sha256 != used.weights_sha256 {
                 return Err(Error::Replay {
                     from: fork.from.clone(),
                     iteration: k,

@@ -118,6 +118,8 @@ fn turn_rows(
         .map(|c| {
             let task_id = &batch[c.task_index].task_id;
             let version = loaded.member(&c.policy).map_or(iteration, |m| m.version);
+            // A frozen policy's only version is never behind.
+            let trainable = config.policies.get(&c.policy).is_none_or(|p| p.trainable);
             let o = &c.outcome;
             TurnRow {
                 candidate_id: format!("{task_id}/e{}/t{}/{}/b{}", c.episode, c.turn, c.agent, c.branch),
@@ -156,7 +158,8 @@ fn turn_rows(
                 generation_seconds: c.reply.seconds,
                 failure: failures.get(&(c.task_index, c.episode)).map(|f| f.to_string()),
                 credited_reward: None,
-                staleness: Some(iteration - version),
+                staleness: Some(if trainable { iteration - version } else { 0 }),
+                trainable: Some(trainable),
             }
         })
         .collect()

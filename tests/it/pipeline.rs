@@ -707,6 +707,42 @@ fn a_fork_whose_agents_act_alone_trains_them_apart_and_evaluates_them_together()
     assert_eq!(sql(&s, modes), evaluated);
 }
 
+/// `trainable: false`: a fork freezes the tool agent's policy at the source's v1, which
+/// becomes its only version; its turns are sampled and stored, flagged, and never grouped
+/// or trained, while the planner trains on.
+#[test]
+fn a_frozen_agent_is_sampled_and_stored_but_never_grouped_or_trained() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, z) = (reference_run(), dir.path().join("z"));
+    let model = crate::support::fixture("hf-tiny-qwen3");
+    let config = run_file(&z.display().to_string(), 5)
+        .set("policies.coder", &format!("{{model: {}, trainable: false}}", model.display()))
+        .set("iterations", "3")
+        .write(&dir.path().join("z.yaml"));
+    let (ok, stdout, stderr) = run(&["pipeline", "run", &config, "--from", &format!("{}@1", a.display())]);
+    assert!(ok, "{stdout}{stderr}");
+
+    // The frozen tool agent samples with the source's v1 weights, as its v0, in every iteration.
+    let tool = "select candidate_id, response_tokens, response_logprobs from turns \
+                where iteration = 1 and agent = 'tool' order by 1";
+    assert_eq!(sql_as(&a, tool, "json"), sql_as(&z, tool, "json"));
+    let versions = "select iteration, policy, policy_version, trainable, count(*) > 0 as sampled from turns \
+                    group by 1, 2, 3, 4 order by 1, 2";
+    let expected = "iteration,policy,policy_version,trainable,sampled\n1,coder,0,false,true\n1,pilot,1,true,true\n\
+                    2,coder,0,false,true\n2,pilot,2,true,true\n";
+    assert_eq!(sql(&z, versions), expected);
+    // Only the planner's turns are grouped, given advantages and trained.
+    assert_eq!(sql(&z, "select distinct agent from groups order by 1"), "agent\nplanner\n");
+    assert_eq!(sql(&z, "select distinct policy from samples order by 1"), "policy\npilot\n");
+    assert_eq!(sql(&z, "select distinct policy from updates order by 1"), "policy\npilot\n");
+    let checkpoints = sql(&z, "select policy, version from checkpoints order by 1, 2");
+    assert_eq!(checkpoints, "policy,version\ncoder,0\npilot,1\npilot,2\npilot,3\n");
+    let digest = |run: &Path, version: u32| {
+        sql(run, &format!("select weights_sha256 from checkpoints where policy = 'coder' and version = {version}"))
+    };
+    assert_eq!(digest(&a, 1), digest(&z, 0), "frozen at the source's v1");
+}
+
 #[test]
 fn a_retention_prunes_older_checkpoints_on_the_record_and_training_goes_on() {
     let dir = tempfile::tempdir().unwrap();

@@ -96,6 +96,8 @@ pub(crate) enum Tamper {
     Logprobs,
     /// Every third row ran into max_new_tokens.
     Truncated,
+    /// One row of a trainable policy is marked as a frozen agent's.
+    Untrainable,
 }
 
 const TASKS: usize = 3;
@@ -187,6 +189,7 @@ fn turn(
         failure: None,
         credited_reward: None,
         staleness: Some(0),
+        trainable: Some(true),
     }
 }
 
@@ -211,6 +214,7 @@ pub(crate) async fn rollout(run: &Run, iteration: u32, tamper: Tamper) -> Vec<Tu
             .filter(|r| r.policy == "tool_p")
             .for_each(|r| r.response_logprobs.iter_mut().for_each(|x| *x -= 0.5)),
         Tamper::Truncated => rows.iter_mut().step_by(3).for_each(|r| r.finish_reason = "length".into()),
+        Tamper::Untrainable => rows[7].trainable = Some(false),
         Tamper::None | Tamper::ForeignPart => {}
     }
     let mut writer = run.store.begin(StageId::at(Stage::Rollout, iteration));
@@ -517,6 +521,17 @@ fn update_refuses_a_row_sampled_by_other_weights_than_its_version() {
         _ => panic!("expected a weights refusal, got {err}"),
     }
     assert!(err.to_string().contains("nothing was written"), "{err}");
+    assert_nothing_committed(&run, 0, None);
+}
+
+#[test]
+fn update_refuses_a_trainable_policys_row_marked_frozen() {
+    let run = new_run();
+    block_on(update::initialise(&run.store, &run.config, &Quiet)).unwrap();
+    let rows = block_on(rollout(&run, 0, Tamper::Untrainable));
+    let err = block_on(update::run(&run.store, &run.config, 0, &Quiet, &Session::default())).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains(&rows[7].candidate_id) && message.contains("turns.trainable is false"), "{message}");
     assert_nothing_committed(&run, 0, None);
 }
 

@@ -79,6 +79,7 @@ pub fn turn_rows(iteration: u32, rows: usize, seed: u64) -> Vec<TurnRow> {
                 failure: None,
                 credited_reward: None,
                 staleness: Some(0),
+                trainable: Some(true),
             }
         })
         .collect()

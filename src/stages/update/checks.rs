@@ -124,8 +124,8 @@ impl<'m> Allowed<'m> {
 }
 
 /// The strict on-policy checks (DESIGN §3), or those of bounded staleness, then each
-/// policy's sequences, in candidate order. Every policy of `configs` gets a training
-/// set, with or without samples.
+/// policy's sequences, in candidate order. Every trainable policy of `configs` gets a
+/// training set, with or without samples; a frozen one's turns must be its version 0's.
 pub(super) fn training_sets(
     configs: &BTreeMap<String, PolicyConfig>,
     markers: &[StoredMarker],
@@ -137,7 +137,13 @@ pub(super) fn training_sets(
 ) -> Result<Vec<TrainingSet>, Error> {
     let allowed = Allowed::new(markers, iteration, max_staleness);
     let mut current: HashMap<&str, PolicyRef> = HashMap::new();
-    for name in configs.keys() {
+    let mut frozen: HashSet<&str> = HashSet::new();
+    for (name, config) in configs {
+        if !config.trainable {
+            check_frozen_rollout_weights(rollout, name, &allowed)?;
+            frozen.insert(name);
+            continue;
+        }
         let latest = policies::latest_in(markers, name).ok_or(Error::NoCheckpoint { policy: name.clone() })?;
         if latest.version != iteration {
             return Err(Error::NotAligned { policy: name.clone(), iteration, latest: latest.version });
@@ -145,7 +151,7 @@ pub(super) fn training_sets(
         check_rollout_weights(rollout, name, &allowed)?;
         current.insert(name, latest);
     }
-    let by_id = check_turns(&current, &allowed, rollout, turns)?;
+    let by_id = check_turns(&current, &frozen, &allowed, rollout, turns)?;
     let mut sequences: HashMap<&str, Vec<Sequence>> = HashMap::new();
     for sample in samples {
         let expected = current_version(&current, Table::Samples, &sample.candidate_id, &sample.policy)?;
@@ -169,8 +175,9 @@ pub(super) fn training_sets(
         }
     }
     Ok(configs
-        .keys()
-        .map(|name| {
+        .iter()
+        .filter(|(_, config)| config.trainable)
+        .map(|(name, _)| {
             let mut seqs = sequences.remove(name.as_str()).unwrap_or_default();
             seqs.sort_by(|a, b| a.candidate_id.cmp(&b.candidate_id));
             TrainingSet { name: name.clone(), current: current[name.as_str()].clone(), sequences: seqs }
@@ -208,6 +215,29 @@ fn check_rollout_weights(rollout: &[StoredMarker], policy: &str, allowed: &Allow
     Ok(())
 }
 
+/// The rollout's record of a frozen policy must be its version 0, with v0's weights.
+fn check_frozen_rollout_weights(rollout: &[StoredMarker], policy: &str, allowed: &Allowed) -> Result<(), Error> {
+    let checkpoint = allowed.weights(policy, 0);
+    for m in rollout {
+        if let Some(used) = m.marker.policies_used.iter().find(|u| u.policy == policy && !is_v0(u, checkpoint)) {
+            return Err(Error::WeightsMismatch {
+                policy: policy.to_string(),
+                iteration: allowed.iteration,
+                marker: m.path.clone(),
+                rollout_version: used.version,
+                rollout_sha256: used.weights_sha256.clone(),
+                version: 0,
+                checkpoint_sha256: checkpoint.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn is_v0(used: &PolicyRef, checkpoint: &str) -> bool {
+    used.version == 0 && used.weights_sha256 == checkpoint
+}
+
 /// The latest version of the policy a row of `table` names; one of the run's policies.
 fn current_version<'c>(
     current: &'c HashMap<&str, PolicyRef>,
@@ -223,9 +253,11 @@ fn current_version<'c>(
 }
 
 /// Every turns row: a known policy the rollout recorded, sampled by an allowed
-/// version's weights, its staleness column (where it has one) what its version says.
+/// version's weights (a frozen policy's: version 0's, the row marked untrainable), its
+/// staleness column (where it has one) what its version says.
 fn check_turns<'t>(
     current: &HashMap<&str, PolicyRef>,
+    frozen: &HashSet<&str>,
     allowed: &Allowed,
     rollout: &[StoredMarker],
     turns: &'t [TurnRow],
@@ -235,12 +267,28 @@ fn check_turns<'t>(
         rollout.iter().flat_map(|m| &m.marker.policies_used).map(|p| p.policy.as_str()).collect();
     let mut by_id = HashMap::with_capacity(turns.len());
     for turn in turns {
-        current_version(current, Table::Turns, &turn.candidate_id, &turn.policy)?;
+        let is_frozen = frozen.contains(turn.policy.as_str());
+        if !is_frozen {
+            current_version(current, Table::Turns, &turn.candidate_id, &turn.policy)?;
+        }
         if !recorded.contains(turn.policy.as_str()) {
             return Err(Error::UnrecordedPolicy { policy: turn.policy.clone(), iteration });
         }
         let (id, version) = (&turn.candidate_id, turn.policy_version);
-        let staleness = allowed.staleness(Table::Turns, id, &turn.policy, version)?;
+        let staleness = match is_frozen {
+            true if version == 0 => 0,
+            true => {
+                return Err(Error::RowVersion {
+                    policy: turn.policy.clone(),
+                    iteration,
+                    table: Table::Turns,
+                    candidate_id: id.clone(),
+                    found: version,
+                    expected: 0,
+                });
+            }
+            false => allowed.staleness(Table::Turns, id, &turn.policy, version)?,
+        };
         let expected = allowed.weights(&turn.policy, version);
         if turn.weights_sha256 != expected {
             return Err(Error::RowWeights {
@@ -256,6 +304,13 @@ fn check_turns<'t>(
             return Err(Error::BadRow {
                 candidate_id: id.clone(),
                 reason: format!("turns.staleness is {recorded}, but v{version} is {staleness} behind v{iteration}"),
+            });
+        }
+        if turn.trainable.is_some_and(|t| t == is_frozen) {
+            let (flag, policy) = (is_frozen, if is_frozen { "frozen" } else { "trainable" });
+            return Err(Error::BadRow {
+                candidate_id: id.clone(),
+                reason: format!("turns.trainable is {flag}, but its policy {:?} is {policy}", turn.policy),
             });
         }
         by_id.insert(id.as_str(), turn);

@@ -84,7 +84,7 @@ pub enum Error {
     )]
     RowWeights { policy: String, iteration: u32, candidate_id: String, version: u32, found: String, expected: String },
 
-    #[error("{table} row {candidate_id} names policy {policy:?}, which is not one of the run's policies")]
+    #[error("{table} row {candidate_id} names policy {policy:?}, which is not one of the run's trainable policies")]
     UnknownPolicy { table: Table, candidate_id: String, policy: String },
 
     #[error("samples row {candidate_id} of iteration {iteration} has no turns row in the rollout")]

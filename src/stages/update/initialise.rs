@@ -112,9 +112,18 @@ pub async fn check_fork(config: &RunConfig) -> Result<(), stages::Error> {
     let markers = RunStore::open(&fork.from)?.markers().await?;
     for name in config.policies.keys() {
         let source = fork_source(&source_policies(&markers, fork.iteration), name);
-        policies::find(&markers, &source, fork.iteration).map_err(|e| fork_error(fork, e))?;
+        let version = source_version(&markers, config, &source, name, fork.iteration);
+        policies::find(&markers, &source, version).map_err(|e| fork_error(fork, e))?;
     }
     Ok(())
+}
+
+/// The version of the source's policy `from` that the fork's `name` starts from: version
+/// k, or for a policy frozen here that the source never trained (frozen there too), its
+/// version 0.
+fn source_version(markers: &[StoredMarker], config: &RunConfig, from: &str, name: &str, k: u32) -> u32 {
+    let frozen = !config.policies[name].trainable;
+    if frozen && policies::find(markers, from, k).is_err() { 0 } else { k }
 }
 
 /// The policies the source committed a version `k` of.
@@ -159,7 +168,8 @@ async fn initialise_from(
     let mut fetched = Vec::new();
     for name in config.policies.keys() {
         let from = fork_source(&source_names, name);
-        let one = policies::fetch(&source, &markers, &from, k).await.map_err(|e| fork_error(fork, e))?;
+        let version = source_version(&markers, config, &from, name, k);
+        let one = policies::fetch(&source, &markers, &from, version).await.map_err(|e| fork_error(fork, e))?;
         fetched.push((Fetched { name: name.clone(), ..one }, from));
     }
     let warm = match config.critic.as_ref().and_then(|c| Some((c, c.warm_start.as_ref()?))) {
@@ -224,7 +234,11 @@ async fn initialise_from(
                     None => critic.as_deref().map(|dir| (CRITIC_DIR, dir)),
                 };
                 let (policy, _) = loaded.model(&name).expect("just added");
-                policies::save_policy(&mut writer, &name, policy, base.as_ref(), k, optimizer.as_ref(), part).await?
+                // A policy frozen here has one version, 0, and no optimisation to go on.
+                let version = policy_config.version_at(k);
+                let optimizer = optimizer.filter(|_| policy_config.trainable);
+                policies::save_policy(&mut writer, &name, policy, base.as_ref(), version, optimizer.as_ref(), part)
+                    .await?
             }
         };
         saved.push(checkpoint);
