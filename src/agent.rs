@@ -23,6 +23,8 @@ impl Agent {
     pub const TESTER: Agent = Agent("tester");
     pub const PLAYER_X: Agent = Agent("player_x");
     pub const PLAYER_O: Agent = Agent("player_o");
+    pub const HELPER: Agent = Agent("helper");
+    pub const MAIN: Agent = Agent("main");
 
     /// The agent called `name`, or why the name cannot be one: it names table rows,
     /// config keys and files, so it is letters, digits and `_` only.

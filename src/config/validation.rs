@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::algo::{Credit, Grouping};
 use crate::engine::EngineKind;
-use crate::envs::EnvSource;
+use crate::envs::{EnvConfig, EnvSource};
 use crate::play::RolloutMode;
 use crate::policies::ModelInit;
 use crate::validate::{Invalid, check};
@@ -102,7 +102,14 @@ impl RunConfig {
             "workflow.alone",
             format!("only tool_planner's agents can act alone; in {kind:?} each agent's turn needs the other's"),
         )?;
-        check(!self.workflow.alone || self.workflow.max_turns == 1, "workflow.alone", ALONE_OVER_TURNS)
+        check(!self.workflow.alone || self.workflow.max_turns == 1, "workflow.alone", ALONE_OVER_TURNS)?;
+        // The joint program is judged in one step, by the hidden tests.
+        check(
+            kind != WorkflowKind::CodeCollab || !matches!(&self.env, EnvConfig::Code(code) if code.reward.is_some()),
+            "env.reward",
+            "code_collab scores the helper's and the main agent's joint program with the hidden tests; a reward \
+             function scores one agent's program (use coder_tester or single_agent with it)",
+        )
     }
 
     fn validate_agents(&self) -> Result<(), Invalid> {

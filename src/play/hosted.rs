@@ -73,9 +73,15 @@ impl HostedEpisode {
     }
 }
 
-impl Turns for HostedEpisode {
+impl HostedEpisode {
     fn next_agent(&self) -> Option<Agent> {
         if self.done { None } else { self.hosted.next_agent() }
+    }
+}
+
+impl Turns for HostedEpisode {
+    fn acting(&self) -> Vec<Agent> {
+        self.next_agent().into_iter().collect()
     }
 
     /// How many moves the next agent has made; once over, the most an agent made.
@@ -86,7 +92,7 @@ impl Turns for HostedEpisode {
         }
     }
 
-    fn prompt(&self) -> String {
+    fn prompt(&self, _agent: Agent) -> String {
         self.hosted.prompt(self.turn())
     }
 
@@ -139,23 +145,27 @@ impl Stepping for InHost<'_> {
     type Episode = HostedEpisode;
 
     /// In tree mode the K branches of an episode are K forks of it, in independent mode
-    /// each episode steps itself: one fork and one step request for the whole step.
+    /// each episode steps itself: one fork and one step request for the whole step. A
+    /// host names one agent per step, so each joint reply is one reply.
     fn step(
         &self,
         tracks: &[Track<HostedEpisode>],
         live: &[usize],
         step: &SampledStep,
     ) -> Result<Outcomes<HostedEpisode>, Error> {
-        let branches = step.replies.len() / live.len();
+        let branches = step.branches();
         let mut forks = Vec::new();
-        let mut items = Vec::with_capacity(step.replies.len());
-        for (i, (_, reply)) in step.replies.iter().enumerate() {
-            let source = tracks[live[i / branches]].episode.hosted.id().to_string();
-            let id = if branches == 1 { source.clone() } else { self.session.new_id() };
-            if branches > 1 {
-                forks.push((source, id.clone()));
+        let mut items = Vec::with_capacity(live.len() * branches);
+        for (slot, &t) in live.iter().enumerate() {
+            let source = tracks[t].episode.hosted.id().to_string();
+            for b in 0..branches {
+                let (_, reply) = &step.joint(slot, b)[0];
+                let id = if branches == 1 { source.clone() } else { self.session.new_id() };
+                if branches > 1 {
+                    forks.push((source.clone(), id.clone()));
+                }
+                items.push((id, reply.text.clone()));
             }
-            items.push((id, reply.text.clone()));
         }
         self.session.host.fork(&forks)?;
         let results = self.session.host.step(&items)?;
@@ -168,7 +178,7 @@ impl Stepping for InHost<'_> {
                 let outcome = episode
                     .stepped(id.clone(), &reply, stepped)
                     .map_err(|reason| Error::Hosted { episode: id, reason })?;
-                Ok((episode, outcome))
+                Ok((episode, vec![outcome]))
             })
             .collect::<Result<_, Error>>()?;
         Ok(Outcomes { branches: stepped, sandbox_time: Duration::ZERO })

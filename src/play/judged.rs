@@ -9,10 +9,9 @@ use crate::envs::hosted::{HostSession, Judge};
 use crate::envs::math::{self, Math, extract_answer, extract_output_answer};
 use crate::envs::{AnyEnv, DatasetKind, Env, ReasoningGymConfig};
 use crate::sandbox::RunOutput;
-use crate::workflows::Episode;
+use crate::workflows::{Agent, Episode};
 
 use super::Error;
-use super::steps::{SampledStep, Track};
 
 fn bad(env: &'static str) -> impl Fn(String) -> crate::envs::Error {
     move |reason| crate::envs::Error::Instance { env, reason }
@@ -53,20 +52,21 @@ pub(super) fn judged_entry(
 
 /// Has the host score, in one request, every answer of this step that a judged task
 /// will read: each reply's and each tool program's output's answer (math), each
-/// reply's program (code).
+/// reply's program (code). `runs` pairs a joint reply of `joints` with its tool
+/// program's output; joint replies of several agents are not judged by a host.
 pub(super) fn judge_answers(
-    live: &[&Track<Episode>],
-    branches: usize,
-    step: &SampledStep,
+    joints: &[(&Episode, Vec<(Agent, &str)>)],
     runs: &[(usize, Option<RunOutput>)],
 ) -> Result<(), Error> {
     // (judge, the text scored, its answer), each answer of a task once.
     let mut wanted: Vec<(Arc<Judge>, String, String)> = Vec::new();
     for (i, run) in runs {
-        let reply = &step.replies[*i].1.text;
-        let (judge, answers) = match live[i / branches].episode.env() {
+        let (episode, joint) = &joints[*i];
+        let [(_, reply)] = joint.as_slice() else { continue };
+        let reply = reply.to_string();
+        let (judge, answers) = match episode.env() {
             AnyEnv::Math(math) if math.judge().is_some() => {
-                let from_reply = extract_answer(reply).map(|answer| (reply.clone(), answer));
+                let from_reply = extract_answer(&reply).map(|answer| (reply.clone(), answer));
                 let ran = run.as_ref().filter(|r| r.ok());
                 let from_program =
                     ran.and_then(|r| extract_output_answer(&r.stdout).map(|answer| (r.stdout.clone(), answer)));
@@ -74,7 +74,7 @@ pub(super) fn judge_answers(
             }
             // The coder's program, as the environment reads it from the reply.
             AnyEnv::Code(code) if code.judge().is_some() => {
-                (code.judge(), code.parse(reply).ok().map(|program| (reply.clone(), program)).into_iter().collect())
+                (code.judge(), code.parse(&reply).ok().map(|program| (reply.clone(), program)).into_iter().collect())
             }
             _ => continue,
         };

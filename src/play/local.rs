@@ -33,16 +33,16 @@ pub(super) fn tracks(games: &[Game], setup: &Setup) -> Result<Vec<Track<Episode>
 }
 
 impl Turns for Episode {
-    fn next_agent(&self) -> Option<Agent> {
-        Episode::next_agent(self)
+    fn acting(&self) -> Vec<Agent> {
+        Episode::acting(self)
     }
 
     fn turn(&self) -> u32 {
         Episode::turn(self)
     }
 
-    fn prompt(&self) -> String {
-        Episode::prompt(self)
+    fn prompt(&self, agent: Agent) -> String {
+        Episode::prompt_of(self, agent)
     }
 
     fn is_done(&self) -> bool {
@@ -78,25 +78,36 @@ impl Stepping for Local<'_> {
     }
 
     /// Tool programs are run first, each distinct program once (the K branches of a
-    /// step often write the same one), in parallel.
+    /// step often write the same one), in parallel. A joint reply of several agents is
+    /// judged together ([`Episode::step_joint`]).
     fn step(&self, tracks: &[Track<Episode>], live: &[usize], step: &SampledStep) -> Result<Outcomes<Episode>, Error> {
-        let branches = step.replies.len() / live.len();
-        let live: Vec<&Track<Episode>> = live.iter().map(|&t| &tracks[t]).collect();
-        let programs: Vec<Option<Program>> = step
-            .replies
+        let joints: Vec<(&Episode, Vec<(Agent, &str)>)> = (0..live.len())
+            .flat_map(|slot| (0..step.branches()).map(move |b| (slot, b)))
+            .map(|(slot, b)| {
+                let texts = step.joint(slot, b).iter().map(|(_, reply)| reply.text.as_str());
+                (&tracks[live[slot]].episode, step.agents(slot).into_iter().zip(texts).collect())
+            })
+            .collect();
+        let programs: Vec<Option<Program>> = joints
             .iter()
-            .enumerate()
-            .map(|(i, (_, reply))| live[i / branches].episode.tool_program(&reply.text))
+            .map(|(episode, joint)| match joint.as_slice() {
+                [(_, reply)] => episode.tool_program(reply),
+                _ => None,
+            })
             .collect();
         let started = Instant::now();
         let runs = run_distinct(&programs, self.sandbox);
         let sandbox_time = started.elapsed();
         let jobs: Vec<(usize, Option<RunOutput>)> = runs.into_iter().enumerate().collect();
-        judge_answers(&live, branches, step, &jobs)?;
+        judge_answers(&joints, &jobs)?;
         let stepped = parallel_map(jobs, |(i, run)| {
-            let mut episode = live[i / branches].episode.clone();
-            let outcome = episode.step_with(&step.replies[i].1.text, run, self.sandbox);
-            (episode, outcome)
+            let (episode, joint) = &joints[i];
+            let mut episode = (*episode).clone();
+            let outcomes = match joint.as_slice() {
+                [(_, reply)] => vec![episode.step_with(reply, run, self.sandbox)],
+                _ => episode.step_joint(joint, self.sandbox),
+            };
+            (episode, outcomes)
         });
         Ok(Outcomes { branches: stepped, sandbox_time })
     }

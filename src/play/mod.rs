@@ -246,10 +246,10 @@ impl Setup {
         }
     }
 
-    /// The most steps an episode can take: every role's turn, each turn (a hosted
-    /// environment's agents are not known before it starts: counted as one).
+    /// The most steps an episode can take (a hosted environment's agents are not known
+    /// before it starts: each turn counted as one step).
     fn most_steps(&self) -> u32 {
-        self.max_turns.saturating_mul(self.workflow.agents().len().max(1) as u32)
+        self.max_turns.saturating_mul(self.workflow.steps_per_turn())
     }
 
     /// Candidates sampled per live episode and step.

@@ -14,12 +14,13 @@ use super::{Branching, Candidate, Error, Finished, OverlongPrompt, Played, Selec
 
 /// What the loop reads of an episode, whoever steps it.
 pub(super) trait Turns: Clone {
-    /// The agent to act, or None once the episode is over.
-    fn next_agent(&self) -> Option<Agent>;
-    /// The turn the next agent acts in, from 0.
+    /// The agents that act in the next step, each answering its own prompt: one, unless
+    /// the workflow has several answer at once; none once the episode is over.
+    fn acting(&self) -> Vec<Agent>;
+    /// The turn the next step is part of, from 0.
     fn turn(&self) -> u32;
-    /// The next agent's prompt.
-    fn prompt(&self) -> String;
+    /// What `agent`, one of [`acting`](Turns::acting), is asked in the next step.
+    fn prompt(&self, agent: Agent) -> String;
     fn is_done(&self) -> bool;
     /// How it ended: a [`Finished`] without its place and tokens.
     fn ended(&self, task_index: usize, episode: u32, tokens: u64) -> Finished;
@@ -32,7 +33,7 @@ pub(super) trait Stepping {
     /// Plays the turns no model samples (the solver's opponent) before each step.
     fn play_scripted(&self, _tracks: &mut [Track<Self::Episode>]) {}
 
-    /// Steps one copy of its track's episode per reply.
+    /// Steps one copy of its track's episode per joint reply ([`SampledStep::joint`]).
     fn step(
         &self,
         tracks: &[Track<Self::Episode>],
@@ -48,8 +49,9 @@ pub(super) trait Stepping {
 
 /// What one step's replies did.
 pub(super) struct Outcomes<E> {
-    /// Each reply's copy of its episode and outcome: `branches` per live track, in order.
-    pub branches: Vec<(E, TurnOutcome)>,
+    /// Each joint reply's copy of its episode and the outcome of each of its replies (in
+    /// acting order): `branches` per live track, in order.
+    pub branches: Vec<(E, Vec<TurnOutcome>)>,
     /// Wall time spent running tool programs.
     pub sandbox_time: Duration,
 }
@@ -70,12 +72,38 @@ impl<E> Track<E> {
     }
 }
 
-/// The replies of one step: `branches` per live track, in track order.
+/// The replies of one step. Each live track gets `branches` joint replies, one reply
+/// per acting agent each, in (track, branch, agent) order.
 pub(super) struct SampledStep {
     pub replies: Vec<(u64, Reply)>,
-    policy_of: Vec<String>,
-    /// The prompt of each live track.
-    messages: Vec<String>,
+    /// Each live track's acting agents.
+    acting: Vec<Vec<Acting>>,
+    branches: usize,
+}
+
+/// An agent acting in a step: its policy and the prompt it answered.
+struct Acting {
+    agent: Agent,
+    policy: String,
+    message: String,
+}
+
+impl SampledStep {
+    /// Live track `slot`'s joint reply `branch`: one reply per acting agent, in order.
+    pub fn joint(&self, slot: usize, branch: usize) -> &[(u64, Reply)] {
+        let start: usize = self.acting[..slot].iter().map(|a| a.len() * self.branches).sum();
+        let n = self.acting[slot].len();
+        &self.replies[start + branch * n..start + (branch + 1) * n]
+    }
+
+    /// The agents acting on live track `slot`, in order.
+    pub fn agents(&self, slot: usize) -> Vec<Agent> {
+        self.acting[slot].iter().map(|a| a.agent).collect()
+    }
+
+    pub fn branches(&self) -> usize {
+        self.branches
+    }
 }
 
 /// Plays every track to its end, reporting finished episodes and sampled tokens to
@@ -108,10 +136,8 @@ pub(super) fn play<S: Stepping>(
             break;
         }
         // Each reply moves the bar by its share of its track's step, token by token.
-        let branches = setup.branches() as usize;
-        let reply_share: Vec<f64> = live.iter().map(|&t| shares.take_step(t) / branches as f64).collect();
-        let mut answered =
-            |slot: usize, part: f64, tokens: u64| progress.advance(part * reply_share[slot / branches], tokens);
+        let step_share: Vec<f64> = live.iter().map(|&t| shares.take_step(t)).collect();
+        let mut answered = |slot: usize, part: f64, tokens: u64| progress.advance(part * step_share[slot], tokens);
         let started = Instant::now();
         let step = sample_step(&task_keys, setup, &tracks, &live, responder, &mut answered)?;
         model += started.elapsed();
@@ -140,56 +166,74 @@ pub(super) fn play<S: Stepping>(
 }
 
 /// Records every reply of the step as a candidate and continues each track with its
-/// best branch. Returns the episodes the step left behind: where the branches were
+/// best joint reply. Returns the episodes the step left behind: where the branches were
 /// copies, the episode they were copied from and every branch but the best.
 fn continue_best<E: Turns>(
     setup: &Setup,
     tracks: &mut [Track<E>],
     live: &[usize],
     step: SampledStep,
-    stepped: Vec<(E, TurnOutcome)>,
+    stepped: Vec<(E, Vec<TurnOutcome>)>,
     candidates: &mut Vec<Candidate>,
 ) -> Vec<E> {
-    let branches = setup.branches() as usize;
+    let branches = step.branches;
     let mut retired = Vec::new();
     let mut replies = step.replies.into_iter();
     let mut stepped = stepped.into_iter();
     for (slot, &t) in live.iter().enumerate() {
         let track = &mut tracks[t];
-        let outcomes: Vec<(E, TurnOutcome)> = stepped.by_ref().take(branches).collect();
-        let best = select(setup.branching, outcomes.iter().map(|(_, o)| o));
-        let (turn, agent) = (track.episode.turn(), track.episode.next_agent().expect("live"));
+        let acting = &step.acting[slot];
+        let outcomes: Vec<(E, Vec<TurnOutcome>)> = stepped.by_ref().take(branches).collect();
+        let best = select(setup.branching, outcomes.iter().map(|(_, o)| o.as_slice()));
+        let turn = track.episode.turn();
         let node_base = track.next_node;
-        for (b, ((_, outcome), (seed, reply))) in outcomes.iter().zip(replies.by_ref()).enumerate() {
-            track.tokens += reply.tokens.len() as u64;
-            candidates.push(Candidate {
-                task_index: track.task_index,
-                episode: track.episode_index,
-                turn,
-                agent,
-                policy: step.policy_of[slot].clone(),
-                branch: b as u32,
-                node_id: node_base + b as u32,
-                parent_id: track.parent,
-                selected: b == best,
-                seed,
-                message: step.messages[slot].clone(),
-                reply,
-                outcome: outcome.clone(),
-            });
-        }
-        track.next_node += branches as u32;
-        track.parent = Some(node_base + best as u32);
-        credit(candidates, track, &outcomes[best].1.credited);
-        for (b, (episode, _)) in outcomes.into_iter().enumerate() {
-            if b == best {
-                let left = std::mem::replace(&mut track.episode, episode);
-                if branches > 1 {
-                    retired.push(left);
-                }
-            } else {
-                retired.push(episode);
+        let mut node = node_base;
+        for (b, (_, joint)) in outcomes.iter().enumerate() {
+            for (acted, outcome) in acting.iter().zip(joint) {
+                let (seed, reply) = replies.next().expect("a reply per acting agent and branch");
+                track.tokens += reply.tokens.len() as u64;
+                candidates.push(Candidate {
+                    task_index: track.task_index,
+                    episode: track.episode_index,
+                    turn,
+                    agent: acted.agent,
+                    policy: acted.policy.clone(),
+                    branch: b as u32,
+                    node_id: node,
+                    parent_id: track.parent,
+                    selected: b == best,
+                    seed,
+                    message: acted.message.clone(),
+                    reply,
+                    outcome: outcome.clone(),
+                });
+                node += 1;
             }
+        }
+        track.next_node = node;
+        // The next step continues from the best joint reply's first node.
+        track.parent = Some(node_base + (best * acting.len()) as u32);
+        for outcome in &outcomes[best].1 {
+            credit(candidates, track, &outcome.credited);
+        }
+        retired.extend(continue_with(track, outcomes.into_iter().map(|(episode, _)| episode), best));
+    }
+    retired
+}
+
+/// Continues `track` with its `best` branch's episode; returns the others, and the one it
+/// replaced where the branches were copies of it.
+fn continue_with<E>(track: &mut Track<E>, branches: impl ExactSizeIterator<Item = E>, best: usize) -> Vec<E> {
+    let copies = branches.len() > 1;
+    let mut retired = Vec::new();
+    for (b, episode) in branches.enumerate() {
+        if b == best {
+            let left = std::mem::replace(&mut track.episode, episode);
+            if copies {
+                retired.push(left);
+            }
+        } else {
+            retired.push(episode);
         }
     }
     retired
@@ -222,16 +266,20 @@ fn overlong_tasks<E: Turns>(
         if track.episode.is_done() || skipped.contains(&task) || found.contains(&task) {
             continue;
         }
-        let agent = track.episode.next_agent().expect("live");
-        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
-        if !responder.fits(policy, &track.episode.prompt())? {
-            found.push(task);
+        for agent in track.episode.acting() {
+            let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+            if !responder.fits(policy, &track.episode.prompt(agent))? {
+                found.push(task);
+                break;
+            }
         }
     }
     Ok(found)
 }
 
-/// Samples `branches` replies per live track, one responder call per policy.
+/// Samples `branches` joint replies per live track (one reply per acting agent each),
+/// one responder call per policy; `answered` hears of each live track's replies as the
+/// part of its step they make.
 fn sample_step<E: Turns>(
     task_keys: &[u64],
     setup: &Setup,
@@ -240,29 +288,37 @@ fn sample_step<E: Turns>(
     responder: &mut dyn Responder,
     answered: &mut dyn FnMut(usize, f64, u64),
 ) -> Result<SampledStep, Error> {
-    // (policy, prompt) per reply slot, then one responder call per policy.
+    let branches = setup.branches() as usize;
+    // (policy, prompt) per reply, then one responder call per policy.
     let mut wanted: Vec<(String, Prompt)> = Vec::new();
-    let mut policy_of = Vec::new();
-    let mut messages = Vec::new();
-    for &t in live {
+    let mut slot_of = Vec::new();
+    let mut acting = Vec::with_capacity(live.len());
+    for (slot, &t) in live.iter().enumerate() {
         let track = &tracks[t];
-        let agent = track.episode.next_agent().expect("live");
-        let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
-        // A hosted environment's agents are named at run time: their names key the seeds.
-        let role_index = match setup.workflow.agents().iter().position(|r| *r == agent) {
-            Some(index) => index as u64,
-            None => text_key(agent.as_str()),
-        };
-        let text = track.episode.prompt();
-        let place = [task_keys[track.task_index], track.episode_index as u64, track.episode.turn() as u64, role_index];
-        for b in 0..setup.branches() {
-            let keys: Vec<u64> = setup.seed_keys.iter().copied().chain(place).chain([b as u64]).collect();
-            wanted.push((policy.clone(), Prompt::message(text.clone(), stream(&keys))));
+        let mut agents = Vec::new();
+        for agent in track.episode.acting() {
+            let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+            agents.push(Acting { agent, policy: policy.clone(), message: track.episode.prompt(agent) });
         }
-        policy_of.push(policy.clone());
-        messages.push(text);
+        for b in 0..branches {
+            for acted in &agents {
+                // A hosted environment's agents are named at run time: their names key the seeds.
+                let role_index = match setup.workflow.agents().iter().position(|r| *r == acted.agent) {
+                    Some(index) => index as u64,
+                    None => text_key(acted.agent.as_str()),
+                };
+                let place = [task_keys[track.task_index], track.episode_index as u64, track.episode.turn() as u64];
+                let keys: Vec<u64> =
+                    setup.seed_keys.iter().copied().chain(place).chain([role_index, b as u64]).collect();
+                wanted.push((acted.policy.clone(), Prompt::message(acted.message.clone(), stream(&keys))));
+                slot_of.push(slot);
+            }
+        }
+        acting.push(agents);
     }
-    Ok(SampledStep { replies: respond(wanted, responder, answered)?, policy_of, messages })
+    let per_step: Vec<f64> = acting.iter().map(|a| (a.len() * branches) as f64).collect();
+    let mut answered = |i: usize, part: f64, tokens: u64| answered(slot_of[i], part / per_step[slot_of[i]], tokens);
+    Ok(SampledStep { replies: respond(wanted, responder, &mut answered)?, acting, branches })
 }
 
 /// Every wanted prompt's reply, in order, with one responder call per policy; `answered`
@@ -320,14 +376,16 @@ impl EpisodeShares {
     }
 }
 
-/// The branch that continues the trajectory.
-fn select<'a>(branching: Branching, outcomes: impl Iterator<Item = &'a TurnOutcome>) -> usize {
+/// The branch whose joint reply continues the trajectory: the first, or the one whose
+/// replies' mixed rewards sum highest.
+fn select<'a>(branching: Branching, joints: impl Iterator<Item = &'a [TurnOutcome]>) -> usize {
     match branching {
         Branching::Independent { .. } | Branching::Tree { select: Selection::First, .. } => 0,
         Branching::Tree { select: Selection::BestReward, alpha, .. } => {
             let mut best = (0, f64::NEG_INFINITY);
-            for (b, o) in outcomes.enumerate() {
-                let r = crate::algo::mixed_reward(alpha, o.team_reward, o.local_reward);
+            for (b, joint) in joints.enumerate() {
+                let r: f64 =
+                    joint.iter().map(|o| crate::algo::mixed_reward(alpha, o.team_reward, o.local_reward)).sum();
                 if r > best.1 {
                     best = (b, r);
                 }

@@ -248,3 +248,85 @@ fn independent_mode_plays_k_separate_episodes() {
     let bfs = finished.iter().filter(|f| f.success).count();
     assert!(bfs >= 2, "{finished:?}");
 }
+
+/// The main agent calls `aux`; the helper writes no function at first, then, once shown
+/// its team's failed program, a right `aux` on even branches. Counts its calls per policy.
+#[derive(Default)]
+struct Collaborators {
+    calls: Vec<(String, usize)>,
+}
+
+impl Responder for Collaborators {
+    fn respond(&mut self, policy: &str, prompts: &[Prompt]) -> Result<Vec<Reply>, crate::engine::Error> {
+        self.calls.push((policy.to_string(), prompts.len()));
+        let mut replies = Scripted.respond(policy, prompts)?;
+        for (i, (reply, prompt)) in replies.iter_mut().zip(prompts).enumerate() {
+            reply.text = if prompt.text.starts_with("Create a helper function") {
+                let shown = prompt.text.contains("Your team's previous program");
+                if shown && i % 2 == 0 {
+                    "```python\ndef aux(x):\n    return 2 * x\n```".into()
+                } else {
+                    "no idea".into()
+                }
+            } else {
+                assert!(prompt.text.starts_with("Solve this coding problem"), "{}", prompt.text);
+                assert!(prompt.text.contains("def f(x: int):"), "the main agent is shown its function's parameters");
+                "```python\ndef aux(x):\n    return 0\n\ndef f(x: int):\n    return aux(x) + 1\n```".into()
+            };
+        }
+        Ok(replies)
+    }
+}
+
+#[test]
+fn agents_that_answer_at_once_are_sampled_together_and_judged_as_one_program() {
+    let test = |x: i32| crate::envs::code::TestCase { input: format!("({x},)\n"), output: format!("{}\n", 2 * x + 1) };
+    let instance = crate::envs::code::Instance {
+        problem: "Complete this Python function:\n\nimport math\n\ndef f(x: int):\n    \"\"\"2x + 1\"\"\"\n".into(),
+        public_tests: vec![],
+        tests: vec![test(1), test(5)],
+        solution: None,
+        entry_point: Some("f".into()),
+    };
+    let code = crate::envs::code::Code::new(&crate::envs::code::CodeConfig::default(), instance);
+    let games = vec![Game { task_id: "c".into(), env: AnyEnv::Code(code) }];
+    let setup = Setup {
+        workflow: WorkflowKind::CodeCollab,
+        max_turns: 2,
+        policies: HashMap::from([(Agent::MAIN, "main_p".into()), (Agent::HELPER, "helper_p".into())]),
+        branching: Branching::new(RolloutMode::Tree, 2, Selection::BestReward, 1.0),
+        ..setup(RolloutMode::Tree)
+    };
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let mut responder = Collaborators::default();
+    let Played { candidates, finished, .. } =
+        play(Started::Local(&games), &setup, &mut responder, &sandbox, &Quiet).unwrap();
+    // Each step: both agents' two branches, in one call per policy.
+    let call = |policy: &str| (policy.to_string(), 2);
+    assert_eq!(responder.calls, [call("main_p"), call("helper_p"), call("main_p"), call("helper_p")]);
+    let rows: Vec<(u32, Agent, u32, u32, bool, f64, f64)> = candidates
+        .iter()
+        .map(|c| (c.turn, c.agent, c.branch, c.node_id, c.selected, c.outcome.team_reward, c.outcome.local_reward))
+        .collect();
+    let none = crate::workflows::NO_ANSWER;
+    assert_eq!(
+        rows,
+        [
+            (0, Agent::MAIN, 0, 0, true, 0.0, 0.0),
+            (0, Agent::HELPER, 0, 1, true, 0.0, none),
+            (0, Agent::MAIN, 1, 2, false, 0.0, 0.0),
+            (0, Agent::HELPER, 1, 3, false, 0.0, none),
+            (1, Agent::MAIN, 0, 4, true, 1.0, 0.0),
+            (1, Agent::HELPER, 0, 5, true, 1.0, 0.0),
+            (1, Agent::MAIN, 1, 6, false, 0.0, 0.0),
+            (1, Agent::HELPER, 1, 7, false, 0.0, none),
+        ],
+        "the main agent's own aux is dropped: the joint program calls the helper's"
+    );
+    let (first, second) = candidates.split_at(4);
+    assert!(first.iter().all(|c| c.parent_id.is_none() && !c.outcome.done));
+    assert!(second.iter().all(|c| c.parent_id == Some(0) && c.outcome.done), "the last turn ends every branch");
+    assert!(second.iter().all(|c| c.message.contains("Passed 0 of 2 hidden tests.")), "{}", second[0].message);
+    assert_ne!(candidates[0].seed, candidates[1].seed, "each agent has its own stream");
+    assert!(finished[0].success && finished[0].turns == 2, "{finished:?}");
+}

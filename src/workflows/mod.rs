@@ -29,6 +29,9 @@
 //!   = the share of its tests the reference program passes (when the task has one;
 //!   otherwise the share the coder's program passes). Done when the coder's program
 //!   passes all the tester's tests.
+//! * helper + main ([`code_collab`]; code, CoMLRL's split): both answer at once; the
+//!   helper's function and the main function, joined, are scored by the hidden tests, and
+//!   both earn the pass rate as the team reward.
 //! * two players ([`two_players`]; tic-tac-toe): the mover's reward from the game; an
 //!   unreadable reply forfeits.
 //! * alone (tool_planner, one turn): as above, but the planner sees nothing of the tool agent's
@@ -36,6 +39,7 @@
 //! * A reply that does not parse (no program, no answer) earns [`NO_ANSWER`] and changes
 //!   nothing.
 
+mod code_collab;
 mod coder_tester;
 pub mod demos;
 pub mod prompts;
@@ -110,6 +114,9 @@ pub enum WorkflowKind {
     ToolReasoner,
     /// A coder writes programs, a tester writes tests (code).
     CoderTester,
+    /// The main agent writes the task's function and a helper a function `aux` it may
+    /// call, both at once (code function tasks; CoMLRL's split of HumanEval).
+    CodeCollab,
     /// Two players take turns (tic-tac-toe).
     TwoPlayers,
     /// A hosted environment says whose turn it is and what each agent sees (TextArena,
@@ -118,11 +125,12 @@ pub enum WorkflowKind {
 }
 
 impl WorkflowKind {
-    pub const ALL: [WorkflowKind; 6] = [
+    pub const ALL: [WorkflowKind; 7] = [
         WorkflowKind::SingleAgent,
         WorkflowKind::ToolPlanner,
         WorkflowKind::ToolReasoner,
         WorkflowKind::CoderTester,
+        WorkflowKind::CodeCollab,
         WorkflowKind::TwoPlayers,
         WorkflowKind::Environment,
     ];
@@ -135,6 +143,7 @@ impl WorkflowKind {
             WorkflowKind::ToolPlanner => &[Agent::TOOL, Agent::PLANNER],
             WorkflowKind::ToolReasoner => &[Agent::TOOL, Agent::REASONER],
             WorkflowKind::CoderTester => &[Agent::CODER, Agent::TESTER],
+            WorkflowKind::CodeCollab => &[Agent::MAIN, Agent::HELPER],
             WorkflowKind::TwoPlayers => &[Agent::PLAYER_X, Agent::PLAYER_O],
             WorkflowKind::Environment => &[],
         }
@@ -146,7 +155,7 @@ impl WorkflowKind {
             WorkflowKind::SingleAgent => !matches!(env, "tic_tac_toe" | "textarena" | "external"),
             WorkflowKind::ToolPlanner => matches!(env, "plan_path" | "sudoku" | "sokoban"),
             WorkflowKind::ToolReasoner => matches!(env, "math" | "reasoning_gym"),
-            WorkflowKind::CoderTester => env == "code",
+            WorkflowKind::CoderTester | WorkflowKind::CodeCollab => env == "code",
             WorkflowKind::TwoPlayers => env == "tic_tac_toe",
             WorkflowKind::Environment => matches!(env, "textarena" | "external" | "agent_program"),
         }
@@ -155,6 +164,18 @@ impl WorkflowKind {
     /// The workflows that can play the environment named `env`.
     pub fn playing(env: &str) -> Vec<WorkflowKind> {
         WorkflowKind::ALL.into_iter().filter(|w| w.plays(env)).collect()
+    }
+
+    /// Whether every agent acts in each step at once, each from its own prompt (else
+    /// they take turns in [`agents`](WorkflowKind::agents) order).
+    pub fn simultaneous(self) -> bool {
+        self == WorkflowKind::CodeCollab
+    }
+
+    /// How many steps a turn takes: one where the agents answer at once, one per agent
+    /// where they take turns (one for `environment`, whose agents its host names).
+    pub fn steps_per_turn(self) -> u32 {
+        if self.simultaneous() { 1 } else { self.agents().len().max(1) as u32 }
     }
 
     /// Whether the agents can act alone (`workflow.alone`, evaluation modes `alone` and
@@ -173,6 +194,11 @@ pub enum Error {
     NotAlone { workflow: WorkflowKind },
     #[error("agents act alone in one turn only, not {max_turns}: over more they would share the state")]
     AloneOverTurns { max_turns: u32 },
+    #[error(
+        "code_collab splits a function between a helper and the main agent: every code task needs an entry_point \
+         (the function's name), as HumanEval's have"
+    )]
+    NotAFunction,
 }
 
 /// What one agent's reply did.
@@ -224,6 +250,7 @@ enum Workflow {
     ToolPlanner(tool_planner::ToolPlanner),
     ToolReasoner(tool_reasoner::ToolReasoner),
     CoderTester(coder_tester::CoderTester),
+    CodeCollab(code_collab::CodeCollab),
     TwoPlayers,
 }
 
@@ -248,11 +275,15 @@ impl Episode {
         if !kind.plays(env.name()) {
             return Err(Error::Unsupported { workflow: kind, env: env.name() });
         }
+        if kind == WorkflowKind::CodeCollab && !matches!(&env, AnyEnv::Code(code) if code.is_function_task()) {
+            return Err(Error::NotAFunction);
+        }
         let workflow = match kind {
             WorkflowKind::SingleAgent => Workflow::SingleAgent,
             WorkflowKind::ToolPlanner => Workflow::ToolPlanner(Default::default()),
             WorkflowKind::ToolReasoner => Workflow::ToolReasoner(Default::default()),
             WorkflowKind::CoderTester => Workflow::CoderTester(Default::default()),
+            WorkflowKind::CodeCollab => Workflow::CodeCollab(Default::default()),
             WorkflowKind::TwoPlayers => Workflow::TwoPlayers,
             WorkflowKind::Environment => return Err(Error::Unsupported { workflow: kind, env: env.name() }),
         };
@@ -287,9 +318,20 @@ impl Episode {
         Ok(self)
     }
 
-    /// The agent that acts next, or None when the episode is over.
+    /// The agent that acts next, or None when the episode is over (the first of them
+    /// where the agents answer at once).
     pub fn next_agent(&self) -> Option<Agent> {
         (!self.done).then(|| self.roles[self.next])
+    }
+
+    /// The agents that act in the next step: every role at once where the workflow has
+    /// them answer together, else the next in turn; none once the episode is over.
+    pub fn acting(&self) -> Vec<Agent> {
+        match (self.done, self.kind.simultaneous()) {
+            (true, _) => Vec::new(),
+            (false, true) => self.roles.clone(),
+            (false, false) => vec![self.roles[self.next]],
+        }
     }
 
     /// The turn the next agent acts in, from 0.
@@ -335,12 +377,18 @@ impl Episode {
 
     /// The next agent's prompt (plain text).
     pub fn prompt(&self) -> String {
-        let (env, agent, history) = (&self.env, self.roles[self.next], self.shown_history());
+        self.prompt_of(self.roles[self.next])
+    }
+
+    /// What `agent`, one of [`acting`](Episode::acting), is asked in the next step.
+    pub fn prompt_of(&self, agent: Agent) -> String {
+        let (env, history) = (&self.env, self.shown_history());
         match &self.workflow {
             Workflow::SingleAgent => prompts::single_agent(env, history),
             Workflow::ToolPlanner(state) => state.prompt(env, agent, history),
             Workflow::ToolReasoner(state) => state.prompt(env, agent, history),
             Workflow::CoderTester(state) => state.prompt(env, agent, history),
+            Workflow::CodeCollab(state) => state.prompt(env, agent, history),
             Workflow::TwoPlayers => prompts::player(env, history),
         }
     }
@@ -362,6 +410,29 @@ impl Episode {
         self.step_with(reply, run, sandbox)
     }
 
+    /// Applies the replies of every agent acting in this step, in [`acting`](Episode::acting)
+    /// order: judged together where the agents answer at once, else the one reply as
+    /// [`Episode::step`] applies it. One outcome per reply.
+    pub fn step_joint(&mut self, replies: &[(Agent, &str)], sandbox: &Sandbox) -> Vec<TurnOutcome> {
+        let Workflow::CodeCollab(state) = &mut self.workflow else {
+            return replies.iter().map(|(_, reply)| self.step(reply, sandbox)).collect();
+        };
+        let mut outcomes = state.step(&mut self.env, replies, sandbox);
+        for outcome in &mut outcomes {
+            outcome.turn = self.turn;
+            self.record(outcome);
+        }
+        // One step is the whole turn: every agent has acted.
+        self.next = self.roles.len() - 1;
+        if let Some((first, others)) = outcomes.split_first_mut() {
+            self.advance(first);
+            for outcome in others {
+                (outcome.done, outcome.team_reward, outcome.success) = (first.done, first.team_reward, first.success);
+            }
+        }
+        outcomes
+    }
+
     /// [`Episode::step`] with the tool program's output given (None: it has none).
     pub fn step_with(&mut self, reply: &str, tool_run: Option<RunOutput>, sandbox: &Sandbox) -> TurnOutcome {
         let agent = self.next_agent().expect("step called on a finished episode");
@@ -371,6 +442,7 @@ impl Episode {
             Workflow::ToolPlanner(state) => state.step(env, agent, reply, tool_run, sandbox),
             Workflow::ToolReasoner(state) => state.step(env, agent, reply, tool_run, sandbox),
             Workflow::CoderTester(state) => state.step(env, agent, reply, sandbox),
+            Workflow::CodeCollab(_) => unreachable!("code_collab's agents answer at once: Episode::step_joint"),
             Workflow::TwoPlayers => two_players::step(env, agent, reply, sandbox),
         };
         outcome.turn = self.turn;

@@ -180,3 +180,81 @@ pub fn player(env: &AnyEnv, history: &[String]) -> String {
         answer_format(env)
     )
 }
+
+/// The helper's prompt (code_collab), as CoMLRL poses it: the problem, then a function
+/// `aux` that the main function may use, in one ```python block.
+pub fn helper(env: &AnyEnv, last: Option<(&str, &str)>, history: &[String]) -> String {
+    let aux = super::code_collab::HELPER_FUNCTION;
+    format!(
+        "Create a helper function for this coding problem.\n\nProblem:\n{}{}{}\n\nIMPORTANT INSTRUCTIONS:\n\
+         - Output ONLY the function code, in one ```python block, with no explanations, examples or tests\n\
+         - Create a helper function named '{aux}' that can assist the main function\n\
+         - The function should return useful data for solving the problem\n\n\
+         Your output should follow this format:\n```python\ndef {aux}(...):\n    # your function code here\n    return result\n```",
+        problem(env),
+        joint_report(last),
+        history_block(history),
+    )
+}
+
+/// The main agent's prompt (code_collab), as CoMLRL poses it: the problem, the helper's
+/// name, and the task's function to write, which may call it.
+pub fn main_function(env: &AnyEnv, last: Option<(&str, &str)>, history: &[String]) -> String {
+    let aux = super::code_collab::HELPER_FUNCTION;
+    let (entry, params) = match env {
+        AnyEnv::Code(code) => {
+            let entry = code.entry_point().unwrap_or("solve");
+            (entry, parameters(&code.instance().problem, entry))
+        }
+        _ => ("solve", String::new()),
+    };
+    format!(
+        "Solve this coding problem by implementing the required function.\n\nProblem:\n{}\n\n\
+         You have access to a helper function: {aux}(...){}{}\n\nIMPORTANT INSTRUCTIONS:\n\
+         - Output ONLY the function code, in one ```python block, with no explanations, examples or tests\n\
+         - Do NOT redefine the {aux}() function\n\
+         - Implement ONLY the '{entry}' function as specified\n\
+         - You can call {aux}() to assign value to a variable within your function if helpful\n\n\
+         Your output should follow this format:\n```python\ndef {entry}({params}):\n    # your function code here\n    return result\n```",
+        problem(env),
+        joint_report(last),
+        history_block(history),
+    )
+}
+
+/// A code task's problem text.
+fn problem(env: &AnyEnv) -> String {
+    match env {
+        AnyEnv::Code(code) => code.instance().problem.trim_end().to_string(),
+        other => other.rules(),
+    }
+}
+
+/// The parameters of `def entry(...)` in `problem`.
+fn parameters(problem: &str, entry: &str) -> String {
+    let header = format!("def {entry}(");
+    let Some(line) = problem.lines().find(|line| line.trim_start().starts_with(&header)) else {
+        return String::new();
+    };
+    let after = &line.trim_start()[header.len()..];
+    let mut depth = 0;
+    let end = after.char_indices().find(|&(_, c)| {
+        depth += match c {
+            '(' | '[' => 1,
+            ')' | ']' => -1,
+            _ => 0,
+        };
+        depth < 0
+    });
+    end.map_or(after, |(i, _)| &after[..i]).to_string()
+}
+
+/// The team's previous joint program and how the hidden tests took it.
+fn joint_report(last: Option<(&str, &str)>) -> String {
+    match last {
+        Some((program, report)) => {
+            format!("\n\nYour team's previous program:\n```python\n{}\n```\n{report}", program.trim_end())
+        }
+        None => String::new(),
+    }
+}

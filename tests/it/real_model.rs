@@ -111,30 +111,38 @@ fn shipped_math_lora_pipeline_trains_an_adapter_per_role_of_smollm2() {
     assert_eq!(evaluated, ["0", "2"]);
 }
 
+/// Qwen2.5-Coder with a LoRA adapter per role, against the sandbox: code-collab's main
+/// agent and helper, sampled at once (code-lora's coder and tester share every piece of it
+/// but the workflow, and the suite has room for one Qwen run).
 #[test]
-fn shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox() {
-    if !crate::support::full_suite("shipped_code_lora_pipeline_runs_qwen_coder_against_the_sandbox") {
+fn shipped_code_collab_pipeline_samples_main_and_helper_at_once_and_tests_their_joint_program() {
+    if !crate::support::full_suite(
+        "shipped_code_collab_pipeline_samples_main_and_helper_at_once_and_tests_their_joint_program",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let store = run_shipped(
         dir.path(),
-        "code-lora.yaml",
-        // Evaluated once, after the update: Qwen2.5-Coder's evaluations are most of its time.
+        "code-collab.yaml",
         &[
             "iterations=1",
             "evaluation.at_start=false",
+            "evaluation.modes=[multi_agent]",
             "rollout.sampling.max_new_tokens=96",
             "evaluation.sampling.max_new_tokens=96",
         ],
     );
-    assert_on_policy_and_trained(&store, 1, &[("coder", "coder"), ("tester", "tester")]);
-    // The coder's programs ran on the hidden tests in the sandbox: each got a verdict.
-    let judged = sql_rows(&store, "SELECT count(*) FROM turns WHERE agent = 'coder' AND feedback <> ''");
-    assert_eq!(judged, ["4"]);
-    // Each adapter in its own role and swapped into the other's.
-    let evaluated = sql_rows(&store, "SELECT iteration, mode, count(*) FROM evals GROUP BY 1, 2 ORDER BY 1, 2");
-    assert_eq!(evaluated, ["1,multi_agent,2", "1,swapped,2"]);
+    assert_on_policy_and_trained(&store, 1, &[("helper", "helper"), ("main", "main")]);
+    // Each branch is one joint program: both agents' rows of a branch carry its verdict.
+    let joint = sql_rows(
+        &store,
+        "SELECT count(*), count(DISTINCT team_reward) FROM turns GROUP BY iteration, task_id, branch \
+         HAVING count(DISTINCT team_reward) > 1 OR count(*) <> 2",
+    );
+    assert!(joint.is_empty(), "{joint:?}");
+    let judged = sql_rows(&store, "SELECT count(*) FROM turns WHERE feedback LIKE 'Passed % hidden tests.'");
+    assert_eq!(judged, ["8"]);
 }
 
 #[test]
