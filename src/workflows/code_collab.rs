@@ -77,7 +77,7 @@ fn imports(code: &Code) -> Vec<String> {
 /// The top-level `def name(` block of `program`: its line, and every following line
 /// that is blank or indented. Other functions, and a redefinition of the other agent's,
 /// are left out.
-pub(super) fn function_named(program: &str, name: &str) -> Option<String> {
+fn function_named(program: &str, name: &str) -> Option<String> {
     let header = format!("def {name}(");
     let mut lines = program.lines().skip_while(|line| !line.starts_with(&header));
     let first = lines.next()?;

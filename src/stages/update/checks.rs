@@ -140,7 +140,7 @@ pub(super) fn training_sets(
     let mut frozen: HashSet<&str> = HashSet::new();
     for (name, config) in configs {
         if !config.trainable {
-            check_frozen_rollout_weights(rollout, name, &allowed)?;
+            check_rollout_weights(rollout, name, false, &allowed)?;
             frozen.insert(name);
             continue;
         }
@@ -148,7 +148,7 @@ pub(super) fn training_sets(
         if latest.version != iteration {
             return Err(Error::NotAligned { policy: name.clone(), iteration, latest: latest.version });
         }
-        check_rollout_weights(rollout, name, &allowed)?;
+        check_rollout_weights(rollout, name, true, &allowed)?;
         current.insert(name, latest);
     }
     let by_id = check_turns(&current, &frozen, &allowed, rollout, turns)?;
@@ -186,14 +186,21 @@ pub(super) fn training_sets(
 }
 
 /// The rollout's record of the weights it sampled `policy` with must be a committed
-/// version within the bound, and that version's weights.
-fn check_rollout_weights(rollout: &[StoredMarker], policy: &str, allowed: &Allowed) -> Result<(), Error> {
+/// version within the bound (a frozen policy's: its only version, 0), and that version's
+/// weights.
+fn check_rollout_weights(
+    rollout: &[StoredMarker],
+    policy: &str,
+    trainable: bool,
+    allowed: &Allowed,
+) -> Result<(), Error> {
     for m in rollout {
         for used in m.marker.policies_used.iter().filter(|u| u.policy == policy) {
             // Strictly on-policy, any other version is the latest one's mismatch.
-            let version = match allowed.max_staleness {
-                0 => allowed.iteration,
-                _ => {
+            let version = match (trainable, allowed.max_staleness) {
+                (false, _) => 0,
+                (true, 0) => allowed.iteration,
+                (true, _) => {
                     allowed.staleness(Table::Turns, &format!("(the rollout {})", m.path), policy, used.version)?;
                     used.version
                 }
@@ -213,29 +220,6 @@ fn check_rollout_weights(rollout: &[StoredMarker], policy: &str, allowed: &Allow
         }
     }
     Ok(())
-}
-
-/// The rollout's record of a frozen policy must be its version 0, with v0's weights.
-fn check_frozen_rollout_weights(rollout: &[StoredMarker], policy: &str, allowed: &Allowed) -> Result<(), Error> {
-    let checkpoint = allowed.weights(policy, 0);
-    for m in rollout {
-        if let Some(used) = m.marker.policies_used.iter().find(|u| u.policy == policy && !is_v0(u, checkpoint)) {
-            return Err(Error::WeightsMismatch {
-                policy: policy.to_string(),
-                iteration: allowed.iteration,
-                marker: m.path.clone(),
-                rollout_version: used.version,
-                rollout_sha256: used.weights_sha256.clone(),
-                version: 0,
-                checkpoint_sha256: checkpoint.to_string(),
-            });
-        }
-    }
-    Ok(())
-}
-
-fn is_v0(used: &PolicyRef, checkpoint: &str) -> bool {
-    used.version == 0 && used.weights_sha256 == checkpoint
 }
 
 /// The latest version of the policy a row of `table` names; one of the run's policies.
