@@ -10,6 +10,8 @@ The ``env:`` mapping:
 - ``players``: how many players (default 2); the agents are ``player_0`` … ``player_{N-1}``.
 - ``invalid_move_penalty``: the mover's local reward for an invalid move (default -1.0).
 - ``kwargs``: a mapping passed to the game's constructor (``ta.make(game, **kwargs)``).
+- ``history``: ``full`` (default) or ``latest`` (below).
+- ``reward``: ``outcome`` (default) or ``score`` (below).
 
 Task rows are ``{"seed": k}``; ``reset`` passes ``k`` to TextArena (the seed of
 ``make`` when the row has none).
@@ -23,6 +25,12 @@ info)``, ``close() -> (rewards, game_info)``):
   ``[GAME] …`` or ``[Player k] …``. Without a wrapper (``-raw`` ids) TextArena gives a
   list of new ``(sender, message, kind)`` messages; they are kept per player and joined
   the same way, so the observation always holds the whole game so far.
+- With ``history: latest`` the game is made without TextArena's observation wrapper
+  (a registered id's ``-raw`` variant) and a player sees the game's opening prompt (the
+  rules) and the messages since its previous turn ended (a move accepted, or the turn
+  passed on after rejected ones), joined the same way. A rejected move it must retry
+  keeps what came before it: the player still sees the state it is asked to move in,
+  and why its reply was rejected.
 - Invalid moves follow TextArena's own rules (its error allowance: by default a player
   may resubmit once, the second invalid move in a row loses the game). A step whose
   reply TextArena rejected has ``invalid: true``, the mover gets
@@ -35,6 +43,11 @@ info)``, ``close() -> (rewards, game_info)``):
 - ``success`` (final step only) means player_0 did at least as well as every other
   player, a win or a draw; in a one-player game, that its final reward reached 1 (the
   game was solved, not merely partly done).
+- With ``reward: score`` (games that keep a running score: Hanabi's ``_calculate_scores``,
+  the fireworks played, 0 to 25) ``team_reward`` is the score after every step, the
+  mover's reward is what its move added to it (plus the penalty for an invalid move),
+  and ``success`` means TextArena declared the players winners (Hanabi: all five
+  fireworks complete). A game cut off before its end keeps the score it reached.
 """
 
 from __future__ import annotations
@@ -47,6 +60,8 @@ from .env import Env, StepResult, task_seed
 
 DEFAULT_PLAYERS = 2
 DEFAULT_INVALID_MOVE_PENALTY = -1.0
+HISTORIES = ("full", "latest")
+REWARDS = ("outcome", "score")
 
 
 class InvalidMoves:
@@ -80,17 +95,46 @@ def make_game(config: dict[str, Any]) -> Any:
     kwargs = config.get("kwargs") or {}
     if not isinstance(kwargs, dict):
         raise ValueError(f"env.kwargs must be a mapping, got {kwargs!r}")
+    latest = choice_of(config, "history", HISTORIES) == "latest"
     if ":" in game:
         module, _, class_name = game.partition(":")
         env = getattr(importlib.import_module(module), class_name)(**kwargs)
-        for wrapper in (ta.wrappers.LLMObservationWrapper, ta.wrappers.ActionFormattingWrapper):
+        wrappers = [ta.wrappers.ActionFormattingWrapper]
+        if not latest:
+            wrappers.insert(0, ta.wrappers.LLMObservationWrapper)
+        for wrapper in wrappers:
             env = wrapper(env)
         return env
     from textarena.envs.registration import ENV_REGISTRY
 
     if game not in ENV_REGISTRY:
         raise ValueError(f"TextArena {ta.__version__} has no game {game!r}")
+    if latest and not game.endswith("-raw"):
+        if game.endswith("-train") or f"{game}-raw" not in ENV_REGISTRY:
+            raise ValueError(f"env.history: latest needs {game}'s raw messages; give its -raw id or history: full")
+        game = f"{game}-raw"
     return ta.make(game, **kwargs)
+
+
+def choice_of(config: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = config.get(key, choices[0])
+    if value not in choices:
+        raise ValueError(f"env.{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def scorer_of(game: Any) -> Callable[[], float]:
+    """The running score of a game that keeps one (reward: score)."""
+    unwrapped = game
+    while hasattr(unwrapped, "env"):
+        unwrapped = unwrapped.env
+    score = getattr(unwrapped, "_calculate_scores", None)
+    if not callable(score):
+        raise ValueError(
+            f"env.reward: score needs a game that keeps a running score (TextArena's Hanabi does); "
+            f"{type(unwrapped).__name__} does not: use reward: outcome"
+        )
+    return lambda: float(score())
 
 
 def players_of(config: dict[str, Any]) -> int:
@@ -118,7 +162,10 @@ class TextArenaEnv(Env):
     def validate(cls, config: dict[str, Any]) -> None:
         """Make and reset the game once, so a wrong id or player count fails at hello."""
         penalty_of(config)
-        make_game(config).reset(num_players=players_of(config), seed=0)
+        game = make_game(config)
+        game.reset(num_players=players_of(config), seed=0)
+        if choice_of(config, "reward", REWARDS) == "score":
+            scorer_of(game)
 
     @classmethod
     def tasks(cls, config: dict[str, Any], split: str, count: int, seed: int) -> list[dict[str, Any]]:
@@ -133,6 +180,10 @@ class TextArenaEnv(Env):
         self.penalty = penalty_of(self.config)
         self.game = make_game(self.config)
         self.game.reset(num_players=self.players, seed=game_seed)
+        self.latest = choice_of(self.config, "history", HISTORIES) == "latest"
+        # A flag, not the bound scorer: a fork must read its own copy of the game.
+        self.scored = choice_of(self.config, "reward", REWARDS) == "score"
+        self.opening: dict[int, list[str]] = {}  # the prompt messages, kept in latest mode
         self.transcripts: dict[int, list[str]] = {}  # for unwrapped games
         self.done = False
         self.turn = self._read_turn()
@@ -146,24 +197,36 @@ class TextArenaEnv(Env):
         mover = self.turn[0]
         invalid_moves = self._invalid_moves()
         rejected_before = invalid_moves.count
+        score_before = scorer_of(self.game)() if self.scored else 0.0
         done, _info = self.game.step(reply)
         invalid = invalid_moves.count > rejected_before
+        if self.latest and not invalid:
+            self.transcripts[mover] = []
 
         rewards: dict[str, float] = {f"player_{mover}": self.penalty if invalid else 0.0}
         feedback = [f"Invalid move: {invalid_moves.reason}"] if invalid else []
         result = StepResult(rewards=rewards, invalid=invalid)
+        if self.scored:
+            score = scorer_of(self.game)()
+            rewards[f"player_{mover}"] += score - score_before
+            result.team_reward = score
         if done:
             self.done = True
             final, reasons = self._close()
-            for player, reward in final.items():
-                rewards[f"player_{player}"] = reward + (self.penalty if invalid and player == mover else 0.0)
             result.done = True
-            result.team_reward = sum(final.values()) / self.players
             others = [reward for player, reward in final.items() if player != 0]
             result.success = final[0] >= max(others) if others else final[0] >= 1.0
+            if self.scored:
+                result.success = final[0] > 0
+            else:
+                for player, reward in final.items():
+                    rewards[f"player_{player}"] = reward + (self.penalty if invalid and player == mover else 0.0)
+                result.team_reward = sum(final.values()) / self.players
             feedback += reasons
         else:
             self.turn = self._read_turn()
+            if self.latest and self.turn[0] != mover:  # its turn is over, even if skipped
+                self.transcripts[mover] = []
         result.feedback = "\n".join(feedback)
         return result
 
@@ -172,12 +235,16 @@ class TextArenaEnv(Env):
         player, observation = self.game.get_observation()
         if isinstance(observation, str):
             return player, observation.lstrip("\n")
+        import textarena as ta
+
+        opening = self.opening.setdefault(player, [])
         transcript = self.transcripts.setdefault(player, [])
         roles = getattr(self.game.state, "role_mapping", {})
-        for sender, message, *_kind in observation:
+        for sender, message, *kind in observation:
             name = "GAME" if sender == -1 else roles.get(sender, f"Player {sender}")
-            transcript.append(f"[{name}] {message}")
-        return player, "\n".join(transcript)
+            line = f"[{name}] {message}"
+            (opening if self.latest and kind and kind[0] == ta.ObservationType.PROMPT else transcript).append(line)
+        return player, "\n".join(opening + transcript)
 
     def _invalid_moves(self) -> InvalidMoves:
         """The counter on the game's state, installed on first use (games may replace their state)."""

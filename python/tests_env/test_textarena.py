@@ -179,6 +179,33 @@ class OtherGamesTest(unittest.TestCase):
         self.assertEqual(len(steps), 2)
         self.assertTrue(steps[0]["next"]["observation"].startswith("[GAME] You are Player"))
 
+    def test_hanabi_scores_its_fireworks_in_a_prompt_that_does_not_grow(self) -> None:
+        env = {"name": "textarena", "game": "textarena.envs.Hanabi.env:HanabiEnv", "players": 2,
+               "history": "latest", "reward": "score"}
+        # Three wrong plays, then player_1 plays its white 1 (seed 3's deal).
+        steps, _ = self.replay(env, ["[Play] 0", "[Play] 0", "[Play] 0", "[Play] 4", "[Discard] 0"])
+        self.assertEqual([step["team_reward"] for step in steps], [0.0, 0.0, 0.0, 1.0, 1.0])
+        self.assertEqual(steps[3]["rewards"], {"player_1": 1.0})
+        self.assertEqual(steps[4]["rewards"], {"player_0": 0.0})
+        # player_1 twice rejected (its turn skipped), then both play on.
+        skipped, _ = self.replay(env, ["[Play] 0", "no move", "no move", "[Play] 0", "[Discard] 1", "[Discard] 2"])
+        self.assertEqual([step["invalid"] for step in skipped], [False, True, True, False, False, False])
+        self.assertEqual([step["next"]["agent"] for step in skipped][:4], ["player_1", "player_1", "player_0", "player_1"])
+        # Each turn: the rules once and the state the player moves in once, however
+        # many moves came before or were rejected.
+        for step in steps + skipped:
+            observation = step["next"]["observation"]
+            self.assertEqual(observation.count("Key Rules:"), 1, observation)
+            self.assertEqual(observation.count("Current game state:"), 1, observation)
+
+    def test_a_score_needs_a_game_that_keeps_one(self) -> None:
+        host = HostProcess()
+        env = {"name": "textarena", "game": "TicTacToe-v0", "reward": "score"}
+        response = host.request(op="hello", protocol=1, env=env, workdir="/")
+        self.assertFalse(response["ok"])
+        self.assertIn("reward: score needs a game that keeps a running score", response["error"])
+        self.assertEqual(host.close(), 0)
+
     def test_unknown_game_is_refused_at_hello(self) -> None:
         host = HostProcess()
         response = host.request(op="hello", protocol=1, env={"name": "textarena", "game": "NoSuchGame-v0"}, workdir="/")

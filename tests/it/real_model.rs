@@ -160,6 +160,27 @@ fn shipped_textarena_pipeline_plays_tic_tac_toe_through_its_host_on_smollm2() {
 }
 
 #[test]
+fn shipped_hanabi_pipeline_self_plays_textarenas_game_on_smollm2() {
+    if !crate::support::full_suite("shipped_hanabi_pipeline_self_plays_textarenas_game_on_smollm2") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = run_shipped(dir.path(), "hanabi.yaml", &["iterations=1", "workflow.max_turns=2"]);
+    assert_on_policy_and_trained(&store, 1, &[("player_0", "shared"), ("player_1", "shared")]);
+    // history: latest: a second move's prompt holds the rules and the state once, not the
+    // whole game so far.
+    let second_moves = sql_rows(
+        &store,
+        "SELECT count(*), sum(CASE WHEN prompt_text LIKE '%Current game state%Current game state%' \
+         THEN 1 ELSE 0 END) FROM turns WHERE turn = 1 AND agent = 'player_0'",
+    );
+    assert!(second_moves[0] != "0,0" && second_moves[0].ends_with(",0"), "{second_moves:?}");
+    // reward: score: the team reward is the fireworks played so far, 0 to 25.
+    let scores = sql_rows(&store, "SELECT count(*) FROM turns WHERE team_reward < 0 OR team_reward > 25");
+    assert_eq!(scores, ["0"]);
+}
+
+#[test]
 fn shipped_reasoning_gym_pipeline_scores_answers_with_the_dataset_on_smollm2() {
     if !crate::support::full_suite("shipped_reasoning_gym_pipeline_scores_answers_with_the_dataset_on_smollm2") {
         return;

@@ -47,12 +47,55 @@ pub struct TextArenaConfig {
     /// Keyword arguments of the game's constructor.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kwargs: BTreeMap<String, Value>,
+    /// What a player sees on its turn: `full` (default), every message of the game so
+    /// far, as TextArena gives it; `latest`, the rules and the messages since its
+    /// previous turn, a prompt that does not grow (docs/environments.md).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub history: TextArenaHistory,
+    /// The players' rewards: `outcome` (default), TextArena's win/loss/draw at the end;
+    /// `score`, the game's running score as the team reward and each move's gain as its
+    /// own (Hanabi's fireworks).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub reward: TextArenaReward,
     /// What an agent sees: a minijinja template over `observation`, `agent` and `turn`
     /// (the model's chat template is applied around it).
     #[serde(default = "default_prompt")]
     pub prompt: String,
     #[serde(default)]
     pub host: HostSettings,
+}
+
+/// `env.history` of a TextArena game.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TextArenaHistory {
+    /// Every message the player has been shown since the game began (TextArena's own
+    /// observation): the prompt grows with every move.
+    #[default]
+    Full,
+    /// The game's opening prompt (its rules) and the messages since the player's previous
+    /// turn ended: for games that restate their whole state every turn (Hanabi), the
+    /// same information in a prompt that does not grow.
+    Latest,
+}
+
+/// `env.reward` of a TextArena game.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TextArenaReward {
+    /// TextArena's result at the end: win +1, loss −1, draw 0, each player's on its last
+    /// turn; the team reward is their mean.
+    #[default]
+    Outcome,
+    /// The game's running score, for games that keep one (Hanabi: the cards played,
+    /// 0–25): the team reward after every move is the score so far, and the mover's local
+    /// reward is what its move added; a game cut off at `max_turns` keeps the score it
+    /// reached. TextArena's result decides success (Hanabi: all five fireworks).
+    Score,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// `env: {name: external, module: my_env:MyEnv, config: {…}}` (a class the host loads)
@@ -295,6 +338,8 @@ impl HostedConfig<'_> {
                 "players": c.players,
                 "invalid_move_penalty": c.invalid_move_penalty,
                 "kwargs": c.kwargs,
+                "history": c.history,
+                "reward": c.reward,
             }),
             HostedConfig::ReasoningGym(c) => {
                 json!({"name": "reasoning_gym", "dataset": c.dataset, "config": c.config})
