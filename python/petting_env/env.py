@@ -36,7 +36,9 @@ class StepResult:
     success: whether the episode counts as a success (petting shows the rate); only
         meaningful on the final step.
     feedback: text about the step worth showing (why a move was invalid, who won).
-    invalid: the reply was not a valid move; any penalty is already in ``rewards``.
+    invalid: the reply was not a valid move; any penalty is already in ``rewards``. In
+        a step where several agents acted at once, True (every reply) or the names of
+        the agents whose replies were invalid.
     """
 
     rewards: dict[str, float] = field(default_factory=dict)
@@ -44,7 +46,7 @@ class StepResult:
     done: bool = False
     success: bool = False
     feedback: str = ""
-    invalid: bool = False
+    invalid: bool | list[str] = False
 
 
 class Env:
@@ -71,16 +73,22 @@ class Env:
         """Start the episode for ``task`` (a row from ``tasks`` or petting's data files)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement reset()")
 
-    def observe(self) -> tuple[str, str] | None:
+    def observe(self) -> tuple[str, str] | dict[str, str] | None:
         """Whose turn it is and the text that agent sees, or None once the episode is over.
 
-        Called once after ``reset`` and once after every step that is not done; it
-        should not change the episode.
+        A mapping ``{agent: text, ...}`` asks several agents to act at once, each on
+        what it alone sees (CoMLRL's decentralised agents); their replies come to
+        ``step`` together. Called once after ``reset`` and once after every step that is
+        not done; it should not change the episode.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement observe()")
 
-    def step(self, reply: str) -> StepResult:
-        """Apply the reply of the agent ``observe()`` named, and say what it did."""
+    def step(self, reply: str | dict[str, str]) -> StepResult:
+        """Apply the reply of the agent ``observe()`` named, and say what it did.
+
+        After an ``observe()`` that named several agents, ``reply`` maps each of them to
+        its reply, and the step judges them together.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not implement step()")
 
     def fork(self) -> Env:

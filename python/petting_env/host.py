@@ -1,4 +1,4 @@
-"""The environment host: petting's Python end of the environment protocol (version 1).
+"""The environment host: petting's Python end of the environment protocol (version 2).
 
 petting starts ``python -m petting_env.host`` (or a user's script that calls
 ``petting_env.serve(MyEnv)``) and keeps it for the whole run. Both sides speak JSON,
@@ -7,6 +7,12 @@ answers each, in order, with one line on stdout, ``{"ok": true, ...}`` or
 ``{"ok": false, "error": "..."}``. Batch requests (make, step, fork, score) answer per
 item, so one broken episode does not fail the others: an item that fails has
 ``{"error": "..."}`` in its slot.
+
+Protocol 2 adds steps in which several agents act at once: a Turn may be
+``{"acting": [{"agent", "observation"}, ...], "done": false}`` and the step item then
+carries ``replies`` (agent -> reply) instead of ``reply``. petting's hello offers both
+versions (``protocol: 1, protocols: [1, 2]``) and speaks the one the host answers, so a
+host written for protocol 1 still serves.
 
 Requests: ``hello`` (which environment; answered with its agents), ``tasks`` (task rows
 for a split), ``make`` (start episodes), ``step`` (apply replies), ``fork`` (copy
@@ -28,14 +34,15 @@ import random
 import sys
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
 from .env import Env, StepResult, agent_names, json_safe, not_json, task_seed
 from .loading import UserCodeError, describe_exception, load_env_class, load_reward
 
-PROTOCOL = 1
+PROTOCOL = 2
+PROTOCOLS = (1, 2)
 BUILTIN_ENVS = {"textarena", "reasoning_gym", "rewards"}
 
 
@@ -54,6 +61,8 @@ class Episode:
     env: Any
     random_state: Any
     done: bool = False
+    acting: list[str] = field(default_factory=list)
+    joint: bool = False
 
 
 def builtin_env_class(name: str) -> type:
@@ -112,6 +121,7 @@ class Host:
         self.config: dict[str, Any] = {}
         self.agents: list[str] = []
         self.reward: Callable[[dict[str, Any], str], Any] | None = None
+        self.protocol = PROTOCOL
         self.user_paths: list[Path] = []
         self.episodes: dict[str, Episode] = {}
         self.ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -166,7 +176,10 @@ class Host:
     # ---- the ops
 
     def hello(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``{protocol, env, workdir, reward?}`` -> ``{protocol, agents, turn_order}``.
+        """``{protocol, protocols?, env, workdir, reward?}`` -> ``{protocol, agents, turn_order}``.
+
+        ``protocols`` lists the versions petting speaks; the answer's ``protocol`` is the
+        one this host picks (2 where offered).
 
         ``env`` is the run file's ``env:`` mapping; ``name`` picks textarena,
         reasoning_gym or external (``module: my_env:MyEnv``, found from ``workdir``,
@@ -175,9 +188,10 @@ class Host:
         """
         if self.env_class is not None:
             raise RequestError("hello was already answered; one host serves one environment")
-        protocol = request.get("protocol")
-        if protocol != PROTOCOL or isinstance(protocol, bool):
-            raise RequestError(f"protocol {protocol!r} is not spoken here: this host speaks protocol {PROTOCOL}")
+        offered = request.get("protocols", [request.get("protocol")])
+        spoken = [v for v in offered if v in PROTOCOLS and not isinstance(v, bool)] if isinstance(offered, list) else []
+        if not spoken:
+            raise RequestError(f"protocol {offered!r} is not spoken here: this host speaks protocols {PROTOCOLS}")
         env = need(request, "env", dict, "hello", RequestError)
         given = request.get("workdir")
         workdir = Path.cwd() if given is None else Path(given) if isinstance(given, str) else None
@@ -220,7 +234,8 @@ class Host:
 
         self.env_class, self.config, self.agents, self.reward = env_class, config, agents, reward
         self.user_paths = user_paths
-        return {"protocol": PROTOCOL, "agents": agents, "turn_order": "env"}
+        self.protocol = max(spoken)
+        return {"protocol": self.protocol, "agents": agents, "turn_order": "env"}
 
     def tasks(self, request: dict[str, Any]) -> dict[str, Any]:
         """``{split, count, seed}`` -> ``{tasks: [row, ...]}`` from the class's ``tasks()``."""
@@ -280,19 +295,21 @@ class Host:
         return {"items": self.each(request, "items", make_one)}
 
     def step(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``{items: [{id, reply}]}`` -> ``{items: [Step | error]}``: apply each reply.
+        """``{items: [{id, reply} | {id, replies}]}`` -> ``{items: [Step | error]}``: apply each reply.
 
         Step: ``{rewards, team_reward, done, success, feedback, invalid, next}``, where
-        ``next`` is the following Turn, or null once the episode is done.
+        ``next`` is the following Turn, or null once the episode is done. A step of
+        several agents at once takes ``replies`` (each acting agent's) and may answer
+        ``invalid`` as the list of agents whose replies were invalid.
         """
 
         def step_one(item: dict[str, Any]) -> dict[str, Any]:
             episode_id = need(item, "id", str, "step item", ItemError)
-            reply = need(item, "reply", str, f"step item {episode_id!r}", ItemError)
             episode = self.running(episode_id)
+            reply = self.replies(item, episode, episode_id)
             with own_random(episode):
                 result = episode.env.step(reply)
-            answer = self.step_answer(result)
+            answer = self.step_answer(result, episode.acting)
             if answer["done"]:
                 episode.done = True
                 answer["next"] = None
@@ -317,7 +334,7 @@ class Host:
                 copy = episode.env.fork()
             if copy is episode.env:
                 raise ItemError(f"{self.class_name()}.fork() returned the same object, not a copy")
-            self.episodes[new_id] = Episode(copy, episode.random_state, episode.done)
+            self.episodes[new_id] = Episode(copy, episode.random_state, episode.done, episode.acting, episode.joint)
             return {}
 
         return {"items": self.each(request, "items", fork_one)}
@@ -376,22 +393,43 @@ class Host:
         return episode
 
     def turn(self, episode: Episode) -> dict[str, Any]:
-        """The Turn ``observe()`` gives: ``{agent, observation, done: false}``, or ``{done: true}``."""
+        """The Turn ``observe()`` gives: ``{agent, observation, done: false}``, with several
+        agents at once ``{acting: [{agent, observation}, ...], done: false}``, or ``{done: true}``."""
         with own_random(episode):
             observed = episode.env.observe()
         if observed is None:
             episode.done = True
             return {"done": True}
-        if not (isinstance(observed, tuple) and len(observed) == 2):
-            raise ItemError(f"{self.class_name()}.observe() must return (agent, text) or None, got {observed!r}")
-        agent, text = observed
-        if agent not in self.agents:
-            raise ItemError(f"{self.class_name()}.observe() named agent {agent!r}, not one of {self.agents}")
-        if not isinstance(text, str):
-            raise ItemError(f"{self.class_name()}.observe() must give text, got {type(text).__name__}")
-        return {"agent": agent, "observation": text, "done": False}
+        where = f"{self.class_name()}.observe()"
+        joint = isinstance(observed, dict)
+        if joint and self.protocol < 2:
+            raise ItemError(f"{where} asked several agents at once, which protocol {self.protocol} cannot say")
+        if not joint and not (isinstance(observed, tuple) and len(observed) == 2):
+            raise ItemError(f"{where} must return (agent, text), {{agent: text, ...}} or None, got {observed!r}")
+        acting = list(observed.items()) if joint else [observed]
+        if not acting:
+            raise ItemError(f"{where} returned an empty mapping: name the agents to act, or return None")
+        for agent, text in acting:
+            if agent not in self.agents:
+                raise ItemError(f"{where} named agent {agent!r}, not one of {self.agents}")
+            if not isinstance(text, str):
+                raise ItemError(f"{where} must give text, got {type(text).__name__}")
+        episode.acting, episode.joint = [agent for agent, _ in acting], joint
+        if not joint:
+            return {"agent": acting[0][0], "observation": acting[0][1], "done": False}
+        return {"acting": [{"agent": agent, "observation": text} for agent, text in acting], "done": False}
 
-    def step_answer(self, result: Any) -> dict[str, Any]:
+    def replies(self, item: dict[str, Any], episode: Episode, episode_id: str) -> str | dict[str, str]:
+        """The step item's reply, or in a step of several agents their replies, each asked agent's."""
+        where = f"step item {episode_id!r}"
+        if not episode.joint:
+            return need(item, "reply", str, where, ItemError)
+        replies = need(item, "replies", dict, where, ItemError)
+        if sorted(replies) != sorted(episode.acting) or not all(isinstance(r, str) for r in replies.values()):
+            raise ItemError(f"{where} must give a reply (text) of each agent asked, {episode.acting}; got {replies!r}")
+        return replies
+
+    def step_answer(self, result: Any, acting: list[str]) -> dict[str, Any]:
         """The Step fields of what ``step()`` returned (a StepResult or a dict of its fields)."""
         where = f"{self.class_name()}.step()"
         if isinstance(result, StepResult):
@@ -410,13 +448,20 @@ class Host:
         feedback = result.get("feedback") or ""
         if not isinstance(feedback, str):
             raise ItemError(f"{where} feedback must be text, got {type(feedback).__name__}")
+        invalid = result.get("invalid", False)
+        if isinstance(invalid, list):
+            unasked = [agent for agent in invalid if agent not in acting]
+            if unasked:
+                raise ItemError(f"{where} marked the replies of {unasked} invalid, but asked only {acting} this step")
+        else:
+            invalid = bool(invalid)
         return {
             "rewards": {agent: number(value, f"{where} reward of {agent}") for agent, value in rewards.items()},
             "team_reward": number(result.get("team_reward", 0.0), f"{where} team_reward"),
             "done": bool(result.get("done", False)),
             "success": bool(result.get("success", False)),
             "feedback": feedback,
-            "invalid": bool(result.get("invalid", False)),
+            "invalid": invalid,
         }
 
 

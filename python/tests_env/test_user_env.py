@@ -123,9 +123,9 @@ class ErrorPathsTest(unittest.TestCase):
         cls.host = HostProcess(HOST)
         first = cls.host.request(op="make", items=[])
         assert not first["ok"] and "hello" in first["error"], first
-        refused = cls.host.request(op="hello", protocol=2, env={"name": "external", "module": "noisy_env:Noisy"},
+        refused = cls.host.request(op="hello", protocol=3, env={"name": "external", "module": "noisy_env:Noisy"},
                                    workdir=str(FIXTURES))
-        assert not refused["ok"] and "protocol 2" in refused["error"], refused
+        assert not refused["ok"] and "protocol [3] is not spoken" in refused["error"], refused
         unknown = cls.host.request(op="hello", protocol=1, env={"name": "gym"}, workdir=str(FIXTURES))
         assert not unknown["ok"] and "'gym'" in unknown["error"], unknown
         missing = cls.host.request(op="hello", protocol=1, env={"name": "external", "module": "no_such_module:X"},
@@ -218,6 +218,38 @@ class FinishedAtMakeTest(unittest.TestCase):
         self.assertEqual(turn, {"done": True})
         [error] = host.items("step", {"id": "f", "reply": "x"})
         self.assertIn("finished", error["error"])
+        self.assertEqual(host.close(), 0)
+
+
+class SimultaneousTest(unittest.TestCase):
+    """Protocol 2: a turn that asks two agents at once, and a step that takes both replies."""
+
+    PAIR = {"name": "external", "module": "pair_env:Pair"}
+
+    def test_two_agents_act_in_one_step(self) -> None:
+        host = HostProcess(HOST)
+        answer = host.ok(op="hello", protocol=1, protocols=[1, 2], env=self.PAIR, workdir=str(FIXTURES))
+        self.assertEqual(answer["protocol"], 2)
+        [turn] = host.items("make", {"id": "p", "task": {}, "seed": 0})
+        self.assertEqual(turn, {"acting": [{"agent": "left", "observation": "left, round 0"},
+                                           {"agent": "right", "observation": "right, round 0"}], "done": False})
+        [one] = host.items("step", {"id": "p", "reply": "a"})
+        self.assertIn("needs 'replies'", one["error"])
+        [partial] = host.items("step", {"id": "p", "replies": {"left": "a"}})
+        self.assertIn("a reply (text) of each agent asked, ['left', 'right']", partial["error"])
+        [step] = host.items("step", {"id": "p", "replies": {"left": "a", "right": ""}})
+        self.assertEqual(step["invalid"], ["right"])
+        self.assertEqual(step["rewards"], {"left": 1.0, "right": 0.0})
+        self.assertEqual(step["next"]["acting"][0]["observation"], "left, round 1")
+        [unasked] = host.items("step", {"id": "p", "replies": {"left": "judge", "right": "b"}})
+        self.assertIn("marked the replies of ['judge'] invalid, but asked only ['left', 'right']", unasked["error"])
+        self.assertEqual(host.close(), 0)
+
+    def test_a_protocol_1_hello_cannot_ask_two_agents_at_once(self) -> None:
+        host = HostProcess(HOST)
+        self.assertEqual(hello(host, self.PAIR, workdir=FIXTURES)["protocol"], 1)
+        [turn] = host.items("make", {"id": "p", "task": {}, "seed": 0})
+        self.assertIn("which protocol 1 cannot say", turn["error"])
         self.assertEqual(host.close(), 0)
 
 

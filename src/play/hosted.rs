@@ -40,60 +40,85 @@ impl HostedEpisode {
         Ok(())
     }
 
-    /// Applies the step the host took for the next agent's reply, under the id `id` (the
-    /// fork of this episode the reply was applied to).
-    fn stepped(&mut self, id: String, reply: &str, stepped: &Stepped) -> Result<TurnOutcome, String> {
-        let agent = self.next_agent().ok_or("a step of a finished episode")?;
-        let turn = self.turn();
-        self.hosted.stepped(id, stepped)?;
-        *self.moves.entry(agent).or_insert(0) += 1;
+    /// Applies the step the host took for the acting agents' `replies`, under the id `id`
+    /// (the fork of this episode they were applied to): an outcome per reply, in order.
+    fn stepped(
+        &mut self,
+        id: String,
+        replies: &[(Agent, String)],
+        stepped: &Stepped,
+    ) -> Result<Vec<TurnOutcome>, String> {
+        let asked: Vec<Agent> = replies.iter().map(|(agent, _)| *agent).collect();
+        if self.done || asked != self.acting() {
+            return Err(format!("replies of {asked:?} to a step that asked {:?}", self.acting()));
+        }
+        let turns: Vec<u32> = asked.iter().map(|agent| self.moves_of(*agent)).collect();
+        self.hosted.stepped(id, &asked, stepped)?;
+        for agent in &asked {
+            *self.moves.entry(*agent).or_insert(0) += 1;
+        }
+        // Out of moves: an agent asked next has made max_turns already.
+        self.done =
+            self.hosted.done() || self.hosted.acting().iter().any(|next| self.moves_of(*next) >= self.max_turns);
+        let mut outcomes = Vec::with_capacity(replies.len());
+        for (i, ((agent, reply), turn)) in replies.iter().zip(turns).enumerate() {
+            let mut outcome = self.outcome(*agent, reply, turn, stepped);
+            // Rewards of agents that did not act this step are credited once, with the first reply.
+            if i == 0 {
+                outcome.credited = credited(&asked, stepped)?;
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    fn outcome(&self, agent: Agent, reply: &str, turn: u32, stepped: &Stepped) -> TurnOutcome {
         let mut outcome = TurnOutcome::blank(agent);
         outcome.turn = turn;
         outcome.local_reward = stepped.rewards.get(agent.as_str()).copied().unwrap_or(0.0);
-        if stepped.invalid {
+        if stepped.invalid.of(agent.as_str()) {
             outcome.parse_error =
                 Some(if stepped.feedback.is_empty() { "invalid move".into() } else { stepped.feedback.clone() });
         } else {
             outcome.action = Some(serde_json::to_string(&shorten(reply.trim(), 200)).expect("a string serialises"));
         }
         outcome.feedback = (!stepped.feedback.is_empty()).then(|| stepped.feedback.clone());
-        outcome.credited = stepped
-            .rewards
-            .iter()
-            .filter(|(name, _)| name.as_str() != agent.as_str())
-            .map(|(name, &reward)| Ok((Agent::named(name)?, reward)))
-            .collect::<Result<_, String>>()?;
-        // Out of moves: the next agent has made max_turns already.
-        let next_moves = self.hosted.next_agent().map_or(0, |next| self.moves.get(&next).copied().unwrap_or(0));
-        self.done = self.hosted.done() || next_moves >= self.max_turns;
         outcome.done = self.done;
         outcome.team_reward = stepped.team_reward;
         outcome.success = stepped.success;
-        Ok(outcome)
+        outcome
+    }
+
+    fn moves_of(&self, agent: Agent) -> u32 {
+        self.moves.get(&agent).copied().unwrap_or(0)
     }
 }
 
-impl HostedEpisode {
-    fn next_agent(&self) -> Option<Agent> {
-        if self.done { None } else { self.hosted.next_agent() }
-    }
+/// The step's rewards for agents that were not asked to act in it.
+fn credited(asked: &[Agent], stepped: &Stepped) -> Result<Vec<(Agent, f64)>, String> {
+    stepped
+        .rewards
+        .iter()
+        .filter(|(name, _)| !asked.iter().any(|a| a.as_str() == name.as_str()))
+        .map(|(name, &reward)| Ok((Agent::named(name)?, reward)))
+        .collect()
 }
 
 impl Turns for HostedEpisode {
     fn acting(&self) -> Vec<Agent> {
-        self.next_agent().into_iter().collect()
+        if self.done { Vec::new() } else { self.hosted.acting() }
     }
 
-    /// How many moves the next agent has made; once over, the most an agent made.
+    /// How many moves the first agent to act has made; once over, the most an agent made.
     fn turn(&self) -> u32 {
-        match self.next_agent() {
-            Some(agent) => self.moves.get(&agent).copied().unwrap_or(0),
+        match self.acting().first() {
+            Some(agent) => self.moves_of(*agent),
             None => self.moves.values().copied().max().unwrap_or(0),
         }
     }
 
-    fn prompt(&self, _agent: Agent) -> String {
-        self.hosted.prompt(self.turn())
+    fn prompt(&self, agent: Agent) -> String {
+        self.hosted.prompt(agent, self.moves_of(agent))
     }
 
     fn is_done(&self) -> bool {
@@ -145,8 +170,8 @@ impl Stepping for InHost<'_> {
     type Episode = HostedEpisode;
 
     /// In tree mode the K branches of an episode are K forks of it, in independent mode
-    /// each episode steps itself: one fork and one step request for the whole step. A
-    /// host names one agent per step, so each joint reply is one reply.
+    /// each episode steps itself: one fork and one step request for the whole step, each
+    /// item carrying the replies of every agent the step asked.
     fn step(
         &self,
         tracks: &[Track<HostedEpisode>],
@@ -158,13 +183,14 @@ impl Stepping for InHost<'_> {
         let mut items = Vec::with_capacity(live.len() * branches);
         for (slot, &t) in live.iter().enumerate() {
             let source = tracks[t].episode.hosted.id().to_string();
+            let agents = step.agents(slot);
             for b in 0..branches {
-                let (_, reply) = &step.joint(slot, b)[0];
+                let replies = agents.iter().zip(step.joint(slot, b)).map(|(a, (_, r))| (*a, r.text.clone())).collect();
                 let id = if branches == 1 { source.clone() } else { self.session.new_id() };
                 if branches > 1 {
                     forks.push((source.clone(), id.clone()));
                 }
-                items.push((id, reply.text.clone()));
+                items.push((id, replies));
             }
         }
         self.session.host.fork(&forks)?;
@@ -173,12 +199,12 @@ impl Stepping for InHost<'_> {
             .iter()
             .zip(items)
             .enumerate()
-            .map(|(i, (stepped, (id, reply)))| {
+            .map(|(i, (stepped, (id, replies)))| {
                 let mut episode = tracks[live[i / branches]].episode.clone();
-                let outcome = episode
-                    .stepped(id.clone(), &reply, stepped)
+                let outcomes = episode
+                    .stepped(id.clone(), &replies, stepped)
                     .map_err(|reason| Error::Hosted { episode: id, reason })?;
-                Ok((episode, vec![outcome]))
+                Ok((episode, outcomes))
             })
             .collect::<Result<_, Error>>()?;
         Ok(Outcomes { branches: stepped, sandbox_time: Duration::ZERO })

@@ -169,6 +169,121 @@ fn a_script_that_serves_its_environment_is_the_host() {
     assert_eq!(played, ["true"]);
 }
 
+/// Two agents asked at once each round, each seeing only its own prompt; the round is
+/// judged on both replies, and a third agent never acts.
+const SIMULTANEOUS_CLASS: &str = r#"from petting_env import Env, StepResult
+class Pair(Env):
+    agents = ('left', 'right', 'judge')
+    @classmethod
+    def tasks(cls, config, split, count, seed):
+        return [{'split': split, 'n': i} for i in range(count)]
+    def reset(self, task, seed):
+        self.rounds = 0
+    def observe(self):
+        if self.rounds == 2:
+            return None
+        return {'left': f'You are left, round {self.rounds}', 'right': f'You are right, round {self.rounds}'}
+    def step(self, replies):
+        self.rounds += 1
+        same = replies['left'] == replies['right']
+        rewards = {'left': len(replies['left']) % 2, 'right': len(replies['right']) % 2, 'judge': 0.5}
+        empty = [a for a, r in replies.items() if not r.strip()]
+        return StepResult(rewards=rewards, team_reward=float(same), done=self.rounds == 2, success=same, invalid=empty)
+"#;
+
+#[test]
+fn a_hosted_environment_asks_two_agents_at_once_and_judges_their_replies_together() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pair.py"), SIMULTANEOUS_CLASS).unwrap();
+    let env = "{name: external, module: 'pair.py:Pair'}";
+    run_ok(&hosted_run(dir.path(), env, &["left", "right", "judge"]), dir.path());
+    let store = dir.path().join("run");
+    // Each round is one step of both agents: per (task, turn), both agents' rows, two
+    // branches each, every branch of an agent on one prompt, its own.
+    let rounds = sql_rows(
+        &store,
+        "select task_id, turn, agent, count(*), count(distinct prompt_message), \
+         min(prompt_message like '%You are ' || agent || ', round ' || cast(turn as varchar) || '%') \
+         from turns where iteration = 0 group by 1, 2, 3 order by 1, 2, 3",
+    );
+    assert_eq!(rounds.len(), 2 * 2 * 2, "2 tasks × 2 rounds × 2 agents: {rounds:?}");
+    assert!(rounds.iter().all(|r| r.ends_with(",2,1,true")), "{rounds:?}");
+    // The judge never acts; its reward from each step is credited, not sampled.
+    assert_eq!(sql_rows(&store, "select count(*) from turns where agent = 'judge'"), ["0"]);
+    // Both replies of a step share its team reward: 1 only where they were the same text.
+    let team = sql_rows(
+        &store,
+        "select count(*) from turns l join turns r on l.iteration = r.iteration and l.task_id = r.task_id \
+         and l.turn = r.turn and l.node_id = r.node_id and l.agent = 'left' and r.agent = 'right' \
+         where l.team_reward <> r.team_reward",
+    );
+    assert_eq!(team, ["0"]);
+    assert_eq!(sql_rows(&store, "select count(distinct agent) from samples"), ["2"]);
+}
+
+/// A host of petting's protocol written by hand, in another program than petting_env.
+/// `old`: protocol 1 alone, as before agents could act at once: it checks `protocol` is
+/// 1, answers hello without a version, and takes `reply` per step. `joint`: protocol 2,
+/// asking `left` and `right` at once, and wrongly marking `judge`'s reply invalid.
+const HAND_WRITTEN_HOST: &str = r#"import json, sys
+joint = sys.argv[1] == "joint"
+games = {}
+def turn(k):
+    if joint:
+        return {"acting": [{"agent": "left", "observation": "Say anything."},
+                           {"agent": "right", "observation": "Say anything."}], "done": False}
+    return {"agent": "solo", "observation": "Say anything." if k == 0 else "Again.", "done": False}
+def answer(request):
+    op = request["op"]
+    if op == "hello":
+        if joint:
+            return {"protocol": 2, "agents": ["left", "right", "judge"], "turn_order": "env"}
+        assert request["protocol"] == 1, request
+        return {"agents": ["solo"], "turn_order": "env"}
+    if op == "tasks":
+        return {"tasks": [{"split": request["split"], "k": i} for i in range(request["count"])]}
+    if op == "make":
+        for item in request["items"]:
+            games[item["id"]] = 0
+        return {"items": [turn(0) for _ in request["items"]]}
+    if op == "fork":
+        for item in request["items"]:
+            games[item["new"]] = games[item["id"]]
+        return {"items": [{} for _ in request["items"]]}
+    if op == "step":
+        steps = []
+        for item in request["items"]:
+            games[item["id"]] += 1
+            done = games[item["id"]] == 2
+            steps.append({"rewards": {"solo": float(len(item.get("reply", "")) % 2)}, "team_reward": 0.0,
+                          "done": done, "success": done, "feedback": "", "invalid": ["judge"] if joint else False,
+                          "next": None if done else turn(games[item["id"]])})
+        return {"items": steps}
+    return {}
+for line in sys.stdin:
+    print(json.dumps({"ok": True, **answer(json.loads(line))}), flush=True)
+"#;
+
+#[test]
+fn a_host_that_speaks_only_protocol_1_still_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.py"), HAND_WRITTEN_HOST).unwrap();
+    let env = "{name: external, command: [python, host.py, old]}";
+    run_ok(&hosted_run(dir.path(), env, &["solo"]), dir.path());
+    let turns = sql_rows(&dir.path().join("run"), "select count(distinct turn), count(*) > 0 from turns");
+    assert_eq!(turns, ["2,true"]);
+}
+
+#[test]
+fn a_host_marking_an_agent_it_did_not_ask_is_an_error_naming_the_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("host.py"), HAND_WRITTEN_HOST).unwrap();
+    let env = "{name: external, command: [python, host.py, joint]}";
+    let stderr = run_err(&hosted_run(dir.path(), env, &["left", "right", "judge"]), dir.path());
+    assert!(stderr.contains("the host marked judge's reply invalid, but asked only [\"left\", \"right\"]"), "{stderr}");
+    assert!(stderr.contains("episode e"), "{stderr}");
+}
+
 #[test]
 fn an_environment_file_edited_between_iterations_is_refused_on_resume() {
     let dir = tempfile::tempdir().unwrap();

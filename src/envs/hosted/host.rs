@@ -1,6 +1,6 @@
 //! The environment host: a long-lived process that holds the episodes of a hosted
-//! environment, spoken to in JSON lines (protocol 1; `python/petting_env/host.py` is
-//! its Python end and documents every request).
+//! environment, spoken to in JSON lines (protocol 2, or 1 with a host that speaks only
+//! that; `python/petting_env/host.py` is its Python end and documents every request).
 //!
 //! One request is written on the host's stdin, one response line is read from its
 //! stdout, in order; batch requests carry many episodes, so a rollout of hundreds of
@@ -21,8 +21,10 @@ use serde_json::{Value, json};
 
 use crate::agent::Agent;
 
-/// The protocol version this side speaks.
-pub const PROTOCOL: u32 = 1;
+/// The protocol versions this side speaks. Hello offers them all in `protocols` and
+/// names the first in `protocol`, which a host written for protocol 1 checks; the
+/// host answers the version it speaks. Protocol 2 lets several agents act in one step.
+pub const PROTOCOLS: [u32; 2] = [1, 2];
 
 /// Lines of the host's stderr kept for error messages.
 const STDERR_KEPT: usize = 20;
@@ -105,7 +107,8 @@ impl Launch {
     }
 }
 
-/// The turn an episode is at: who acts and what it sees, or that it is over.
+/// The turn an episode is at: who acts and what it sees (`agent` and `observation`, or
+/// in protocol 2 `acting`, several agents at once), or that it is over.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Turn {
     #[serde(default)]
@@ -113,7 +116,40 @@ pub struct Turn {
     #[serde(default)]
     pub observation: Option<String>,
     #[serde(default)]
+    pub acting: Vec<Acting>,
+    #[serde(default)]
     pub done: bool,
+}
+
+/// One of the agents a protocol 2 turn asks to act at once, and what it alone sees.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Acting {
+    pub agent: String,
+    pub observation: String,
+}
+
+/// Which replies of a step were not valid moves: all of them (`true`), or in a step of
+/// several agents, the named agents'.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum InvalidReplies {
+    All(bool),
+    Of(Vec<String>),
+}
+
+impl Default for InvalidReplies {
+    fn default() -> Self {
+        InvalidReplies::All(false)
+    }
+}
+
+impl InvalidReplies {
+    pub fn of(&self, agent: &str) -> bool {
+        match self {
+            InvalidReplies::All(all) => *all,
+            InvalidReplies::Of(agents) => agents.iter().any(|a| a == agent),
+        }
+    }
 }
 
 /// What one reply did to an episode.
@@ -129,9 +165,9 @@ pub struct Stepped {
     pub success: bool,
     #[serde(default)]
     pub feedback: String,
-    /// The reply was not a valid move.
+    /// The replies that were not valid moves.
     #[serde(default)]
-    pub invalid: bool,
+    pub invalid: InvalidReplies,
     pub next: Option<Turn>,
 }
 
@@ -211,8 +247,14 @@ impl Host {
             stderr,
         };
         let workdir = launch.workdir.display().to_string();
-        let hello =
-            host.request("hello", json!({"protocol": PROTOCOL, "env": env, "workdir": workdir, "reward": reward}))?;
+        let offer =
+            json!({"protocol": PROTOCOLS[0], "protocols": PROTOCOLS, "env": env, "workdir": workdir, "reward": reward});
+        let hello = host.request("hello", offer)?;
+        // A host of protocol 1 may answer no version.
+        let protocol: Option<u32> = host.field(&hello, "hello", "protocol")?;
+        if let Some(protocol) = protocol.filter(|p| !PROTOCOLS.contains(p)) {
+            return Err(host.malformed("hello", format!("protocol {protocol} was not offered"), &hello));
+        }
         let names: Vec<String> = host.field(&hello, "hello", "agents")?;
         host.agents = names
             .iter()
@@ -240,9 +282,20 @@ impl Host {
         self.batch("make", items)
     }
 
-    /// Applies replies: (id, reply text) each.
-    pub fn step(&self, items: &[(String, String)]) -> Result<Vec<Stepped>, Error> {
-        let items: Vec<Value> = items.iter().map(|(id, reply)| json!({"id": id, "reply": reply})).collect();
+    /// Applies replies: (id, each acting agent's reply) each; one agent's goes as
+    /// `reply`, several agents' as `replies`, by agent.
+    pub fn step(&self, items: &[(String, Vec<(Agent, String)>)]) -> Result<Vec<Stepped>, Error> {
+        let items: Vec<Value> = items
+            .iter()
+            .map(|(id, replies)| match replies.as_slice() {
+                [(_, reply)] => json!({"id": id, "reply": reply}),
+                _ => {
+                    let by_agent: serde_json::Map<String, Value> =
+                        replies.iter().map(|(agent, reply)| (agent.as_str().to_string(), json!(reply))).collect();
+                    json!({"id": id, "replies": by_agent})
+                }
+            })
+            .collect();
         self.batch("step", items)
     }
 

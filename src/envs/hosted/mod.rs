@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use crate::agent::Agent;
 use crate::validate::{Invalid, check};
 
-pub use host::{Host, Stepped, Turn};
+pub use host::{Host, InvalidReplies, Stepped, Turn};
 pub use judge::Judge;
 
 /// `env: {name: textarena, game: TicTacToe-v0, players: 2}`: a TextArena game; its
@@ -430,7 +430,8 @@ pub struct Hosted {
     seed: u64,
     /// The episode's id in the host; empty until made.
     id: String,
-    turn: Option<(Agent, String)>,
+    /// The agents asked to act next, each with its observation.
+    acting: Vec<(Agent, String)>,
     done: bool,
     success: bool,
     team_reward: f64,
@@ -446,7 +447,7 @@ impl Hosted {
             task,
             seed,
             id: String::new(),
-            turn: None,
+            acting: Vec::new(),
             done: false,
             success: false,
             team_reward: 0.0,
@@ -466,42 +467,55 @@ impl Hosted {
     /// The episode made under `id`, at `turn`.
     pub fn made(&mut self, id: String, turn: &Turn) -> Result<(), String> {
         self.id = id;
-        self.set_turn(turn.agent.as_deref(), turn.observation.as_deref(), turn.done)
+        self.set_turn(Some(turn))
     }
 
     /// The episode after a step that the host took under `id` (a fork of this one).
-    pub fn stepped(&mut self, id: String, stepped: &Stepped) -> Result<(), String> {
+    /// `asked` are the agents whose replies it took.
+    pub fn stepped(&mut self, id: String, asked: &[Agent], stepped: &Stepped) -> Result<(), String> {
+        if let InvalidReplies::Of(named) = &stepped.invalid
+            && let Some(unasked) = named.iter().find(|name| !asked.iter().any(|a| a.as_str() == name.as_str()))
+        {
+            let asked: Vec<&str> = asked.iter().map(|a| a.as_str()).collect();
+            return Err(format!("the host marked {unasked}'s reply invalid, but asked only {asked:?} this step"));
+        }
         self.id = id;
         self.team_reward = stepped.team_reward;
         self.success = stepped.success;
-        match &stepped.next {
-            Some(next) if !stepped.done => self.set_turn(next.agent.as_deref(), next.observation.as_deref(), next.done),
-            _ => self.set_turn(None, None, true),
-        }
+        self.set_turn(stepped.next.as_ref().filter(|_| !stepped.done))
     }
 
-    fn set_turn(&mut self, agent: Option<&str>, observation: Option<&str>, done: bool) -> Result<(), String> {
-        self.done = done;
-        self.turn = match (done, agent) {
-            (true, _) => None,
-            (false, Some(agent)) => Some((Agent::named(agent)?, observation.unwrap_or_default().to_string())),
-            (false, None) => return Err("a turn that is not done names no agent".into()),
+    fn set_turn(&mut self, turn: Option<&Turn>) -> Result<(), String> {
+        self.acting.clear();
+        self.done = turn.is_none_or(|turn| turn.done);
+        let Some(turn) = turn.filter(|turn| !turn.done) else {
+            return Ok(());
         };
+        let one = turn.agent.as_deref().map(|agent| (agent, turn.observation.as_deref().unwrap_or_default()));
+        let several = turn.acting.iter().map(|a| (a.agent.as_str(), a.observation.as_str()));
+        for (agent, observation) in one.into_iter().chain(several) {
+            let agent = Agent::named(agent)?;
+            if self.acting.iter().any(|(a, _)| *a == agent) {
+                return Err(format!("a turn that asks {agent} twice"));
+            }
+            self.acting.push((agent, observation.to_string()));
+        }
+        if self.acting.is_empty() {
+            return Err("a turn that is not done names no agent".into());
+        }
         Ok(())
     }
 
-    /// Whose turn it is, or None once the episode is over.
-    pub fn next_agent(&self) -> Option<Agent> {
-        self.turn.as_ref().map(|(agent, _)| *agent)
+    /// The agents asked to act next, each with what it sees; none once the episode is over.
+    pub fn acting(&self) -> Vec<Agent> {
+        self.acting.iter().map(|(agent, _)| *agent).collect()
     }
 
-    pub fn observation(&self) -> &str {
-        self.turn.as_ref().map_or("", |(_, text)| text)
-    }
-
-    /// The prompt of the agent to act: the run file's template over its observation.
-    pub fn prompt(&self, turn: u32) -> String {
-        let (agent, observation) = self.turn.as_ref().map_or(("", ""), |(a, o)| (a.as_str(), o.as_str()));
+    /// The prompt of `agent`, one of those to act, at its `turn`: the run file's template
+    /// over its observation.
+    pub fn prompt(&self, agent: Agent, turn: u32) -> String {
+        let observation = self.acting.iter().find(|(a, _)| *a == agent).map_or("", |(_, text)| text.as_str());
+        let agent = agent.as_str();
         let env = minijinja::Environment::new();
         env.render_str(&self.session.prompt, minijinja::context! { observation, agent, turn })
             .unwrap_or_else(|e| format!("{observation}\n(env.prompt failed: {e})"))
