@@ -169,33 +169,13 @@ fn a_script_that_serves_its_environment_is_the_host() {
     assert_eq!(played, ["true"]);
 }
 
-/// Two agents asked at once each round, each seeing only its own prompt; the round is
-/// judged on both replies, and a third agent never acts.
-const SIMULTANEOUS_CLASS: &str = r#"from petting_env import Env, StepResult
-class Pair(Env):
-    agents = ('left', 'right', 'judge')
-    @classmethod
-    def tasks(cls, config, split, count, seed):
-        return [{'split': split, 'n': i} for i in range(count)]
-    def reset(self, task, seed):
-        self.rounds = 0
-    def observe(self):
-        if self.rounds == 2:
-            return None
-        return {'left': f'You are left, round {self.rounds}', 'right': f'You are right, round {self.rounds}'}
-    def step(self, replies):
-        self.rounds += 1
-        same = replies['left'] == replies['right']
-        rewards = {'left': len(replies['left']) % 2, 'right': len(replies['right']) % 2, 'judge': 0.5}
-        empty = [a for a, r in replies.items() if not r.strip()]
-        return StepResult(rewards=rewards, team_reward=float(same), done=self.rounds == 2, success=same, invalid=empty)
-"#;
-
 #[test]
 fn a_hosted_environment_asks_two_agents_at_once_and_judges_their_replies_together() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("pair.py"), SIMULTANEOUS_CLASS).unwrap();
-    let env = "{name: external, module: 'pair.py:Pair'}";
+    // Left and right asked at once each round, each on its own prompt; the judge never acts.
+    let class = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests_env/fixtures/pair_env.py");
+    std::fs::copy(class, dir.path().join("pair_env.py")).unwrap();
+    let env = "{name: external, module: 'pair_env.py:Pair'}";
     run_ok(&hosted_run(dir.path(), env, &["left", "right", "judge"]), dir.path());
     let store = dir.path().join("run");
     // Each round is one step of both agents: per (task, turn), both agents' rows, two
