@@ -165,7 +165,10 @@ fn shipped_hanabi_pipeline_self_plays_textarenas_game_on_smollm2() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let store = run_shipped(dir.path(), "hanabi.yaml", &["iterations=1", "workflow.max_turns=2"]);
+    // The shipped file's mechanics on the suite's smallest real model (its own,
+    // Qwen2.5-Coder-0.5B, writes valid moves but takes minutes here).
+    let smollm2 = "policies.shared.model=../models/smollm2-135m-instruct";
+    let store = run_shipped(dir.path(), "hanabi.yaml", &["iterations=1", "workflow.max_turns=2", smollm2]);
     assert_on_policy_and_trained(&store, 1, &[("player_0", "shared"), ("player_1", "shared")]);
     // history: latest: a second move's prompt holds the rules and the state once, not the
     // whole game so far.
