@@ -185,7 +185,6 @@ fn continue_best<E: Turns>(
         let acting = &step.acting[slot];
         let outcomes: Vec<(E, Vec<TurnOutcome>)> = stepped.by_ref().take(branches).collect();
         let best = select(setup.branching, outcomes.iter().map(|(_, o)| o.as_slice()));
-        let turn = track.episode.turn();
         let node_base = track.next_node;
         let mut node = node_base;
         for (b, (_, joint)) in outcomes.iter().enumerate() {
@@ -195,7 +194,8 @@ fn continue_best<E: Turns>(
                 candidates.push(Candidate {
                     task_index: track.task_index,
                     episode: track.episode_index,
-                    turn,
+                    // Each agent's own turn: a hosted agent's is its own count of moves.
+                    turn: outcome.turn,
                     agent: acted.agent,
                     policy: acted.policy.clone(),
                     branch: b as u32,
@@ -300,16 +300,21 @@ fn sample_step<E: Turns>(
             let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
             agents.push(Acting { agent, policy: policy.clone(), message: track.episode.prompt(agent) });
         }
-        for b in 0..branches {
-            for acted in &agents {
+        let place = [task_keys[track.task_index], track.episode_index as u64, track.episode.turn() as u64];
+        let agent_keys: Vec<Vec<u64>> = agents
+            .iter()
+            .map(|acted| {
                 // A hosted environment's agents are named at run time: their names key the seeds.
                 let role_index = match setup.workflow.agents().iter().position(|r| *r == acted.agent) {
                     Some(index) => index as u64,
                     None => text_key(acted.agent.as_str()),
                 };
-                let place = [task_keys[track.task_index], track.episode_index as u64, track.episode.turn() as u64];
-                let keys: Vec<u64> =
-                    setup.seed_keys.iter().copied().chain(place).chain([role_index, b as u64]).collect();
+                setup.seed_keys.iter().copied().chain(place).chain([role_index]).collect()
+            })
+            .collect();
+        for b in 0..branches {
+            for (acted, keys) in agents.iter().zip(&agent_keys) {
+                let keys: Vec<u64> = keys.iter().copied().chain([b as u64]).collect();
                 wanted.push((acted.policy.clone(), Prompt::message(acted.message.clone(), stream(&keys))));
                 slot_of.push(slot);
             }

@@ -201,6 +201,26 @@ fn a_hosted_environment_asks_two_agents_at_once_and_judges_their_replies_togethe
     assert_eq!(sql_rows(&store, "select count(distinct agent) from samples"), ["2"]);
 }
 
+#[test]
+fn an_agent_that_moved_alone_before_keeps_its_own_turn_count_in_a_step_of_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let class = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests_env/fixtures/pair_env.py");
+    std::fs::copy(class, dir.path().join("pair_env.py")).unwrap();
+    let env = "{name: external, module: 'pair_env.py:Pair', config: {left_opens: true}}";
+    run_ok(&hosted_run(dir.path(), env, &["left", "right", "judge"]), dir.path());
+    // left opens alone, then both play two rounds: right's rounds are its turns 0 and 1.
+    let turns = sql_rows(
+        &dir.path().join("run"),
+        "select distinct agent || ' ' || cast(turn as varchar) || ': ' || \
+         case when prompt_message like '%opening%' then 'opening' \
+         when prompt_message like '%round 0%' then 'round 0' else 'round 1' end from turns order by 1",
+    );
+    assert_eq!(
+        turns,
+        ["left 0: opening", "left 1: round 0", "left 2: round 1", "right 0: round 0", "right 1: round 1"]
+    );
+}
+
 /// A host of petting's protocol written by hand, in another program than petting_env.
 /// `old`: protocol 1 alone, as before agents could act at once: it checks `protocol` is
 /// 1, answers hello without a version, and takes `reply` per step. `joint`: protocol 2,
