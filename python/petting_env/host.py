@@ -41,7 +41,6 @@ from typing import Any, BinaryIO, Callable, Iterator
 from .env import Env, StepResult, agent_names, json_safe, not_json, task_seed
 from .loading import UserCodeError, describe_exception, load_env_class, load_reward
 
-PROTOCOL = 2
 PROTOCOLS = (1, 2)
 BUILTIN_ENVS = {"textarena", "reasoning_gym", "rewards"}
 
@@ -121,7 +120,7 @@ class Host:
         self.config: dict[str, Any] = {}
         self.agents: list[str] = []
         self.reward: Callable[[dict[str, Any], str], Any] | None = None
-        self.protocol = PROTOCOL
+        self.protocol = max(PROTOCOLS)  # until hello picks one
         self.user_paths: list[Path] = []
         self.episodes: dict[str, Episode] = {}
         self.ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
