@@ -40,6 +40,8 @@ impl Key {
     pub const PPO: u64 = 0x5050_4F00; // "PPO"
     /// A fresh value head's weights, and the order its fit takes the samples in.
     pub const CRITIC: u64 = 0x4352_4954; // "CRIT"
+    /// The past version a league role plays in each task.
+    pub const LEAGUE: u64 = 0x4C45_4147; // "LEAG"
 }
 
 /// One step of splitmix64's output function (Steele, Lea, Flood 2014).

@@ -243,6 +243,7 @@ pub struct EvalRow {
     pub turns: u32,
     pub tokens: u64,
     pub seconds: f64,
+    pub opponent_version: Option<u32>,
 }
 impl Row for EvalRow {
     const TABLE: Table = Table::Evals;

@@ -37,6 +37,11 @@ pub struct EvaluationConfig {
     /// the same version (`pipeline run` starts it), instead of before that rollout.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub beside: bool,
+    /// Past versions the league's roles (`agents.<role>.league`) play against the current
+    /// policy, each in episodes of its own once stored (`evals.mode` league,
+    /// `evals.opponent_version` the version): the win matrix across versions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub against: Vec<u32>,
 }
 
 impl Default for EvaluationConfig {
@@ -53,6 +58,7 @@ impl Default for EvaluationConfig {
             kv_cache_gib: None,
             engine: EngineKind::Tch,
             beside: false,
+            against: Vec::new(),
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::engine::VllmConfig;
 use crate::envs::EnvConfig;
 use crate::envs::dataset::DataConfig;
 use crate::limits::Limits;
-use crate::policies::{PolicyConfig, Retention};
+use crate::policies::{League, PolicyConfig, Retention};
 use crate::validate::Invalid;
 use crate::workflows::{Agent, WorkflowConfig, WorkflowKind};
 
@@ -189,6 +189,11 @@ impl std::str::FromStr for ForkConfig {
 pub struct AgentConfig {
     /// The policy (a key of `policies`) that plays this role.
     pub policy: String,
+    /// Play a past version of the policy instead (fictitious self-play), drawn per task
+    /// from the versions stored before the rollout. The role's turns are stored with the
+    /// version played and never trained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub league: Option<League>,
 }
 
 /// A parsed, validated config and where it came from.

@@ -443,3 +443,55 @@ policies:
     let message = error_of(&ppo);
     assert!(message.contains("grader is frozen"), "{message}");
 }
+
+#[test]
+fn a_league_plays_stored_versions_of_a_trained_policy_on_the_tch_engine_and_something_still_trains() {
+    const LEAGUE: &str = "
+store: runs/x
+iterations: 10
+env: {name: tic_tac_toe}
+workflow: {kind: two_players}
+agents:
+  player_x: {policy: shared}
+  player_o: {policy: shared, league: {uniform: 3}}
+policies:
+  shared: {model: ../models/tiny}
+evaluation: {against: [0, 5, 10]}
+";
+    let config = parse_str(LEAGUE).unwrap();
+    let rule = config.agents[&Agent::PLAYER_O].league.map(|l| l.rule());
+    assert_eq!(rule, Some(crate::policies::LeagueRule::Uniform(3)));
+    let league = |rule: &str| LEAGUE.replace("{uniform: 3}", rule);
+    let message = error_of(&league("{version: 3}"));
+    assert!(message.contains("agents.player_o.league: plays version 3, which is not stored"), "{message}");
+    let message = error_of(&league("{uniform: 0}"));
+    assert!(message.contains("agents.player_o.league: must draw from at least 1"), "{message}");
+    let message = error_of(&league("{sometimes: 3}"));
+    assert!(message.contains("sometimes"), "{message}");
+    let message = error_of(&league("{uniform: 3, behind: 1}"));
+    assert!(message.contains("agents.player_o.league: names 2 rules; give exactly one"), "{message}");
+    let message =
+        error_of(&LEAGUE.replace("player_x: {policy: shared}", "player_x: {policy: shared, league: {behind: 1}}"));
+    assert!(message.contains("agents: every role") && message.contains("nothing would train"), "{message}");
+    let message = error_of(&LEAGUE.replace("[0, 5, 10]", "[0, 11]"));
+    assert!(message.contains("evaluation.against: names version 11; this run stores versions 0 to 10"), "{message}");
+    let message = error_of(&LEAGUE.replace(", league: {uniform: 3}", ""));
+    assert!(
+        message.contains("evaluation.against: plays past versions in the league's roles, and no agent"),
+        "{message}"
+    );
+    let pruned = format!("{LEAGUE}retention: {{keep_last: 2, weights: true}}\n");
+    let message = error_of(&pruned);
+    assert!(message.contains("retention.keep_last: must be more than 3"), "{message}");
+    let vllm = format!("{LEAGUE}rollout: {{engine: vllm}}\nvllm: {{url: 'http://127.0.0.1:8000'}}\n");
+    let message = error_of(&vllm);
+    assert!(message.contains("rollout.engine: is vllm, which serves only the current version"), "{message}");
+    let frozen = LEAGUE
+        .replace(
+            "shared: {model: ../models/tiny}",
+            "shared: {model: ../models/tiny}\n  old: {model: ../models/tiny, trainable: false}",
+        )
+        .replace("player_o: {policy: shared,", "player_o: {policy: old,");
+    let message = error_of(&frozen);
+    assert!(message.contains("agents.player_o.league: plays past versions of old, which is frozen"), "{message}");
+}

@@ -8,7 +8,7 @@ use crate::algo::{Credit, Grouping};
 use crate::engine::EngineKind;
 use crate::envs::{EnvConfig, EnvSource};
 use crate::play::RolloutMode;
-use crate::policies::ModelInit;
+use crate::policies::{LeagueRule, ModelInit};
 use crate::validate::{Invalid, check};
 use crate::workflows::{ALONE_OVER_TURNS, WorkflowKind};
 
@@ -53,6 +53,7 @@ impl RunConfig {
         self.evaluation.validate(self.data.test_tasks)?;
         self.validate_evaluation_modes()?;
         self.validate_engine()?;
+        self.validate_league()?;
         self.validate_training_rollout()?;
         if let Some(retention) = &self.retention {
             retention.validate("retention")?;
@@ -202,6 +203,82 @@ impl RunConfig {
             "one vLLM server serves one base model: give every policy a LoRA adapter on the same model, or use \
              a single full-weight policy",
         )
+    }
+
+    /// A league's roles play stored past versions of a policy that trains, on the tch
+    /// engine, and some role still trains.
+    fn validate_league(&self) -> Result<(), Invalid> {
+        let first = self.first_iteration();
+        let kept = |v: u32| match &self.retention {
+            Some(r) if r.weights => v == first || r.keep_every.is_some_and(|n| v.is_multiple_of(n)),
+            _ => true,
+        };
+        let leagues: Vec<_> = self.agents.iter().filter_map(|(role, a)| Some((role, a, a.league?))).collect();
+        for &(role, agent, league) in &leagues {
+            let key = format!("agents.{role}.league");
+            league.validate(&key)?;
+            check(
+                self.policies.get(&agent.policy).is_none_or(|p| p.trainable),
+                &key,
+                format!("plays past versions of {}, which is frozen (trainable: false) and has only one", agent.policy),
+            )?;
+            let rule = league.rule();
+            if let LeagueRule::Version(v) = rule {
+                check(
+                    v == first,
+                    &key,
+                    format!(
+                        "plays version {v}, which is not stored when the first rollout (iteration {first}) samples; \
+                         a league plays versions stored before its rollout: version {first} (the starting policy), \
+                         or behind, uniform or toward_losses"
+                    ),
+                )?;
+            }
+            let reach = rule.reach().unwrap_or(0);
+            check(
+                self.retention.is_none_or(|r| !r.weights || r.keep_last > reach),
+                "retention.keep_last",
+                format!(
+                    "must be more than {reach}: {key} plays versions up to {reach} behind the newest, whose weights retention.weights would prune"
+                ),
+            )?;
+            check(
+                self.rollout.engine == EngineKind::Tch,
+                "rollout.engine",
+                format!("is vllm, which serves only the current version; {key} samples past ones: use the tch engine"),
+            )?;
+        }
+        check(
+            self.agents
+                .values()
+                .any(|a| a.league.is_none() && self.policies.get(&a.policy).is_some_and(|p| p.trainable)),
+            "agents",
+            "every role that plays a trained policy plays a past version of it (league): nothing would train",
+        )?;
+        let against = &self.evaluation.against;
+        if against.is_empty() {
+            return Ok(());
+        }
+        check(
+            !leagues.is_empty(),
+            "evaluation.against",
+            "plays past versions in the league's roles, and no agent has a league: give the role that plays them \
+             agents.<role>.league",
+        )?;
+        check(
+            self.evaluation.engine == EngineKind::Tch,
+            "evaluation.engine",
+            "is vllm, which serves only the current version; evaluation.against plays past ones: use the tch engine",
+        )?;
+        for &v in against {
+            check(
+                (first..=self.iterations).contains(&v),
+                "evaluation.against",
+                format!("names version {v}; this run stores versions {first} to {}", self.iterations),
+            )?;
+            check(kept(v), "evaluation.against", format!("names version {v}, whose weights retention.weights prunes"))?;
+        }
+        Ok(())
     }
 
     /// The modes that need a workflow of a certain shape.

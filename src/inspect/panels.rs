@@ -54,6 +54,15 @@ pub fn panels() -> Vec<Panel> {
             query: "SELECT iteration AS x, 'team' AS series, avg(team_reward) AS y FROM turns WHERE done GROUP BY iteration",
         },
         Panel {
+            file: "league.png",
+            title: "League: the trained policy's mean result against each past version (evaluation.against)",
+            x_label: "policy version",
+            y_label: "mean team reward",
+            y_range: None,
+            query: "SELECT iteration AS x, 'against v' || CAST(opponent_version AS VARCHAR) AS series, avg(reward) AS y \
+                    FROM evals WHERE mode = 'league' GROUP BY iteration, opponent_version",
+        },
+        Panel {
             file: "response-length.png",
             title: "Mean response length per agent",
             x_label: "iteration",

@@ -156,6 +156,9 @@ pub struct Setup {
     pub opponent: Option<Agent>,
     /// role -> policy
     pub policies: HashMap<Agent, String>,
+    /// (task index, role) -> the loaded member that plays the role in that task instead:
+    /// a league's past version (`policies::past_member`).
+    pub league: HashMap<(usize, Agent), String>,
     pub branching: Branching,
     /// Keys every seed of this run and stage starts with (run seed, iteration, stage key, …).
     pub seed_keys: Vec<u64>,
@@ -238,6 +241,11 @@ pub enum Error {
 }
 
 impl Setup {
+    /// The loaded member that plays `agent` in task `task`.
+    fn policy_of(&self, task: usize, agent: Agent) -> Result<&String, Error> {
+        self.league.get(&(task, agent)).or_else(|| self.policies.get(&agent)).ok_or(Error::NoPolicy { agent })
+    }
+
     /// Episodes played per task: one tree, or K independent ones.
     pub fn episodes_per_task(&self) -> u32 {
         match self.branching {

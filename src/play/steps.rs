@@ -267,7 +267,7 @@ fn overlong_tasks<E: Turns>(
             continue;
         }
         for agent in track.episode.acting() {
-            let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+            let policy = setup.policy_of(task, agent)?;
             if !responder.fits(policy, &track.episode.prompt(agent))? {
                 found.push(task);
                 break;
@@ -297,7 +297,7 @@ fn sample_step<E: Turns>(
         let track = &tracks[t];
         let mut agents = Vec::new();
         for agent in track.episode.acting() {
-            let policy = setup.policies.get(&agent).ok_or(Error::NoPolicy { agent })?;
+            let policy = setup.policy_of(track.task_index, agent)?;
             agents.push(Acting { agent, policy: policy.clone(), message: track.episode.prompt(agent) });
         }
         let place = [task_keys[track.task_index], track.episode_index as u64, track.episode.turn() as u64];

@@ -92,6 +92,7 @@ fn setup(mode: RolloutMode) -> Setup {
         alone: false,
         opponent: None,
         policies: HashMap::from([(Agent::TOOL, "shared".into()), (Agent::PLANNER, "shared".into())]),
+        league: HashMap::new(),
         branching: Branching::new(mode, 3, Selection::BestReward, 1.0),
         seed_keys: vec![7, 0],
         overlong_prompt: OverlongPrompt::Error,
@@ -219,6 +220,7 @@ fn the_minimax_opponent_plays_o_unsampled_and_denies_the_win_self_play_gives_x()
         alone: false,
         opponent: None,
         policies: HashMap::from([(Agent::PLAYER_X, "shared".into()), (Agent::PLAYER_O, "shared".into())]),
+        league: HashMap::new(),
         branching: Branching::Independent { episodes: 1 },
         seed_keys: vec![1],
         overlong_prompt: OverlongPrompt::Error,
@@ -294,6 +296,7 @@ fn agents_that_answer_at_once_are_sampled_together_and_judged_as_one_program() {
         workflow: WorkflowKind::CodeCollab,
         max_turns: 2,
         policies: HashMap::from([(Agent::MAIN, "main_p".into()), (Agent::HELPER, "helper_p".into())]),
+        league: HashMap::new(),
         branching: Branching::new(RolloutMode::Tree, 2, Selection::BestReward, 1.0),
         ..setup(RolloutMode::Tree)
     };

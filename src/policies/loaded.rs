@@ -27,6 +27,8 @@ type Configs = BTreeMap<String, PolicyConfig>;
 /// One policy in memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
+    /// The policy (a key of `policies:`) this is a version of.
+    pub policy: String,
     pub version: u32,
     /// The weights digest of that version, as its commit marker records it.
     pub weights_sha256: String,
@@ -81,10 +83,20 @@ impl LoadedPolicies {
 
     /// What each loaded policy is, for a marker's `policies_used`.
     pub fn refs(&self) -> Vec<PolicyRef> {
+        self.refs_where(|name, m| *name == m.policy)
+    }
+
+    /// The past versions a league's roles play, for a marker's `opponents_used`.
+    pub fn past_refs(&self) -> Vec<PolicyRef> {
+        self.refs_where(|name, m| *name != m.policy)
+    }
+
+    fn refs_where(&self, keep: impl Fn(&String, &Member) -> bool) -> Vec<PolicyRef> {
         self.members
             .iter()
-            .map(|(name, m)| PolicyRef {
-                policy: name.clone(),
+            .filter(|(name, m)| keep(name, m))
+            .map(|(_, m)| PolicyRef {
+                policy: m.policy.clone(),
                 version: m.version,
                 weights_sha256: m.weights_sha256.clone(),
             })
@@ -103,6 +115,18 @@ impl LoadedPolicies {
     /// Loads a fetched checkpoint: a full model as a model of its own, an adapter onto
     /// the model already holding its base (same weights, device and dtype) or a new one.
     pub fn add(&mut self, configs: &Configs, fetched: Fetched) -> Result<(), Error> {
+        let name = fetched.name.clone();
+        self.add_as(configs, fetched, name)
+    }
+
+    /// Loads a fetched past version of a policy beside its current one, as the member
+    /// [`past_member`] names (a LoRA version: one more adapter on the shared base).
+    pub fn add_past(&mut self, configs: &Configs, fetched: Fetched) -> Result<(), Error> {
+        let name = past_member(&fetched.name, fetched.version);
+        self.add_as(configs, fetched, name)
+    }
+
+    fn add_as(&mut self, configs: &Configs, fetched: Fetched, name: String) -> Result<(), Error> {
         let policy_config = configs.get(&fetched.name).ok_or_else(|| Error::UnknownPolicy {
             policy: fetched.name.clone(),
             known: configs.keys().cloned().collect(),
@@ -125,12 +149,12 @@ impl LoadedPolicies {
                         self.models.len() - 1
                     }
                 };
-                self.models[model].policy.load_adapter(&fetched.name, &fetched.dir)?;
+                self.models[model].policy.load_adapter(&name, &fetched.dir)?;
                 (model, true)
             }
         };
-        let member = Member { version: fetched.version, weights_sha256: fetched.weights_sha256, model, lora };
-        self.members.insert(fetched.name, member);
+        let (policy, version, weights_sha256) = (fetched.name, fetched.version, fetched.weights_sha256);
+        self.members.insert(name, Member { policy, version, weights_sha256, model, lora });
         Ok(())
     }
 
@@ -176,6 +200,11 @@ impl LoadedPolicies {
         }
         Ok(())
     }
+}
+
+/// The member a past version of `policy` is loaded as, beside the current one.
+pub fn past_member(policy: &str, version: u32) -> String {
+    format!("{policy}@v{version}")
 }
 
 /// Version `version` of every policy of the run (a frozen one's version 0), each file

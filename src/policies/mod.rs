@@ -24,6 +24,7 @@
 
 mod config;
 mod files;
+mod league;
 mod loaded;
 mod retention;
 
@@ -39,7 +40,8 @@ pub use config::{ModelInit, PolicyConfig, Retention};
 use files::materialise_file;
 use files::{Scratch, copy_folder, file_name, upload_dir, write_meta};
 pub(crate) use files::{cache_root, local_dir, materialise};
-pub use loaded::{LoadedPolicies, Member, Resident, load, load_all};
+pub use league::{League, Record, Rule as LeagueRule};
+pub use loaded::{LoadedPolicies, Member, Resident, load, load_all, past_member};
 pub use retention::doomed_files;
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +128,32 @@ pub fn latest_in(markers: &[StoredMarker], name: &str) -> Option<PolicyRef> {
         .filter(|c| c.policy == name)
         .max_by_key(|c| c.version)
         .map(|c| PolicyRef { policy: c.policy.clone(), version: c.version, weights_sha256: c.weights_sha256.clone() })
+}
+
+/// The committed versions of `name`, ascending.
+pub fn stored_versions(markers: &[StoredMarker], name: &str) -> Vec<u32> {
+    let mut versions: Vec<u32> =
+        markers.iter().flat_map(|m| &m.marker.checkpoints).filter(|c| c.policy == name).map(|c| c.version).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    versions
+}
+
+/// Loads each past version in `past` ((policy, version) pairs) beside the current ones, as
+/// the members [`past_member`] names, unless already loaded.
+pub async fn load_past(
+    store: &RunStore,
+    configs: &BTreeMap<String, PolicyConfig>,
+    past: impl IntoIterator<Item = (String, u32)>,
+    loaded: &mut LoadedPolicies,
+) -> Result<(), Error> {
+    let markers = store.markers().await?;
+    for (policy, version) in past {
+        if loaded.member(&past_member(&policy, version)).is_none() {
+            loaded.add_past(configs, fetch(store, &markers, &policy, version).await?)?;
+        }
+    }
+    Ok(())
 }
 
 /// The marker that committed version `version` of `name`, and its checkpoint entry.

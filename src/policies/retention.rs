@@ -84,6 +84,7 @@ mod tests {
             files,
             inputs: vec![],
             policies_used: vec![],
+            opponents_used: vec![],
             checkpoints,
             seed: 0,
             config_sha256: String::new(),

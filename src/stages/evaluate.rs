@@ -34,7 +34,7 @@ use crate::tables::EvalRow;
 use crate::tasks;
 use crate::workflows::{Agent, WorkflowKind};
 
-use super::{Error, Session};
+use super::{Error, Session, league};
 
 pub async fn run(
     store: &RunStore,
@@ -60,17 +60,21 @@ pub async fn run(
     let (mut model_seconds, mut sandbox_seconds) = (0.0, 0.0);
     let mut skipped_tasks: Vec<String> = Vec::new();
     let mut failed_episodes: Vec<String> = Vec::new();
-    for (mode_index, &mode) in config.evaluation.modes.iter().enumerate() {
-        let setup = setup(config, mode, iteration, mode_index as u64);
+    for mut played in plays(config, iteration) {
+        if let Some(version) = played.opponent_version {
+            let opponents = league::at_version(config, test.len(), version);
+            played.setup.league = league::load(store, config, &opponents, &mut loaded).await?;
+        }
+        let setup = &played.setup;
         let started = Instant::now();
-        let label = format!("{stage} {}", mode.name());
+        let label = format!("{stage} {}", played.label());
         let episodes = games.len() as u64 * u64::from(setup.episodes_per_task());
         let Played { finished, model_seconds: model, sandbox_seconds: sandboxed, skipped, .. } =
             phase(progress, &label, episodes, "episodes", || {
                 tokio::task::block_in_place(|| {
                     let max_prompt = evaluation.max_prompt_tokens as usize;
                     let mut responder = engine.responder(&mut loaded, &evaluation.sampling, max_prompt);
-                    play::play(games.start(&setup)?, &setup, responder.as_mut(), &sandbox, progress)
+                    play::play(games.start(setup)?, setup, responder.as_mut(), &sandbox, progress)
                 })
             })
             .map_err(|e| {
@@ -87,23 +91,24 @@ pub async fn run(
         }
         failed_episodes.extend(super::failed_episodes(&test, &finished));
         let seconds = started.elapsed().as_secs_f64() / finished.len().max(1) as f64;
-        let policies = describe(&setup, &loaded);
         rows.extend(finished.iter().map(|f| EvalRow {
             task_id: test[f.task_index].task_id.clone(),
             env: config.env.name().to_string(),
-            mode: mode.name().to_string(),
+            mode: played.mode_name().to_string(),
             sample: f.episode,
-            policies: policies.clone(),
-            success: if mode == EvalMode::ToolAlone { f.tool_success } else { f.success },
+            policies: describe(setup, &loaded, f.task_index),
+            success: if played.mode == EvalMode::ToolAlone { f.tool_success } else { f.success },
             reward: f.team_reward,
             turns: f.turns,
             tokens: f.tokens,
             seconds,
+            opponent_version: played.opponent_version,
         }));
     }
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
         policies_used: loaded.refs(),
+        opponents_used: loaded.past_refs(),
         model_seconds,
         sandbox_seconds,
         skipped_tasks,
@@ -113,6 +118,45 @@ pub async fn run(
     let marker = super::commit_rows(writer, &rows, info).await?;
     session.policies.give_back(loaded);
     Ok(marker)
+}
+
+/// One set of episodes of an evaluation: a mode, or the league's roles at a past version
+/// against the current policies (`evaluation.against`).
+struct Evaluated {
+    mode: EvalMode,
+    setup: Setup,
+    opponent_version: Option<u32>,
+}
+
+impl Evaluated {
+    /// The `evals.mode` of its rows.
+    fn mode_name(&self) -> &'static str {
+        if self.opponent_version.is_some() { "league" } else { self.mode.name() }
+    }
+
+    fn label(&self) -> String {
+        self.opponent_version.map_or_else(|| self.mode.name().to_string(), |v| format!("league v{v}"))
+    }
+}
+
+/// Every configured mode, then each past version of `evaluation.against` stored by
+/// iteration `iteration` (a later one is not played yet).
+fn plays(config: &RunConfig, iteration: u32) -> Vec<Evaluated> {
+    let modes = config.evaluation.modes.iter().enumerate().map(|(index, &mode)| Evaluated {
+        mode,
+        setup: setup(config, mode, iteration, index as u64),
+        opponent_version: None,
+    });
+    let past = config.evaluation.against.iter().filter(|&&v| v <= iteration).map(|&version| {
+        let mode = EvalMode::MultiAgent;
+        let setup = Setup {
+            opponent: None,
+            policies: config.agent_policies(),
+            ..setup(config, mode, iteration, Key::LEAGUE + u64::from(version))
+        };
+        Evaluated { mode, setup, opponent_version: Some(version) }
+    });
+    modes.chain(past).collect()
 }
 
 fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> Setup {
@@ -142,6 +186,7 @@ fn setup(config: &RunConfig, mode: EvalMode, iteration: u32, mode_key: u64) -> S
         alone: matches!(mode, EvalMode::Alone | EvalMode::ToolAlone),
         opponent,
         policies,
+        league: HashMap::new(),
         branching: Branching::Independent { episodes: config.evaluation.samples.max(1) },
         seed_keys: vec![config.seed, iteration as u64, Key::EVALUATE, mode_key],
         overlong_prompt: config.evaluation.overlong_prompt,
@@ -155,13 +200,19 @@ fn opponent(config: &RunConfig, workflow: WorkflowKind) -> Option<Agent> {
     (game.eval_opponent == Opponent::Minimax && workflow == WorkflowKind::TwoPlayers).then_some(Agent::PLAYER_O)
 }
 
-/// `role=policy@vN` pairs in role order, e.g. `planner=shared@v3,tool=shared@v3`, or
-/// `player_o=minimax` for the solver's role.
-fn describe(setup: &Setup, loaded: &LoadedPolicies) -> String {
+/// `role=policy@vN` pairs in role order as task `task` plays them, e.g.
+/// `planner=shared@v3,tool=shared@v3`, or `player_o=minimax` for the solver's role.
+fn describe(setup: &Setup, loaded: &LoadedPolicies, task: usize) -> String {
     let mut pairs: Vec<String> = setup
         .policies
-        .iter()
-        .map(|(role, p)| format!("{role}={p}@v{}", loaded.member(p).map_or(0, |m| m.version)))
+        .keys()
+        .map(|role| {
+            let played = setup.league.get(&(task, *role)).unwrap_or(&setup.policies[role]);
+            match loaded.member(played) {
+                Some(m) => format!("{role}={}@v{}", m.policy, m.version),
+                None => format!("{role}={played}@v0"),
+            }
+        })
         .collect();
     pairs.extend(setup.opponent.map(|role| format!("{role}=minimax")));
     pairs.sort();

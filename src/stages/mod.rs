@@ -7,6 +7,7 @@
 pub mod advantage;
 pub mod evaluate;
 pub mod group;
+pub mod league;
 pub mod prepare_data;
 pub mod replay;
 pub mod rollout;
@@ -106,6 +107,9 @@ pub enum Error {
          run the missing shards with that count"
     )]
     ShardLayout { stage: StageId, existing: String },
+
+    #[error("agents.{role}.league: {reason}")]
+    League { role: crate::workflows::Agent, reason: String },
 
     #[error("cannot replay iteration {iteration} of {from}: {reason}")]
     Replay { from: String, iteration: u32, reason: String },

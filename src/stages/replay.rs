@@ -52,6 +52,13 @@ pub async fn run(
     let ours = store.markers().await?;
     let mut sampled_with = BTreeMap::new();
     for marker in &source_markers {
+        if !marker.marker.opponents_used.is_empty() {
+            return Err(Error::Replay {
+                from: fork.from.clone(),
+                iteration: k,
+                reason: "its rollout played a league's past versions, which a fork does not hold".into(),
+            });
+        }
         for used in &marker.marker.policies_used {
             let ours_at = config.policies.get(&used.policy).map_or(k, |p| p.version_at(k));
             let (_, held) = policies::find(&ours, &used.policy, ours_at)?;

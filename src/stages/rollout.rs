@@ -20,7 +20,7 @@ use crate::store::{CommitInfo, CommitMarker, RunStore, Shard, Split, Stage, Stag
 use crate::tables::{TaskRow, TurnRow};
 use crate::tasks;
 
-use super::{Error, Session};
+use super::{Error, Session, league};
 
 /// What helps a rollout that runs out of memory.
 const MEMORY_KNOB: &str = "a smaller rollout.kv_cache_gib, fewer prompts at once (rollout.tasks_per_iteration × \
@@ -41,12 +41,15 @@ pub async fn run(
     let writer = store.begin(stage);
     let (prepared, train) = tasks::read(store, Split::Train).await?;
     let batch = tasks::batch(&train, config.rollout.tasks_per_iteration, config.seed, iteration, shard);
-    let setup = setup(config, iteration);
+    // Drawn before anything starts: an opponent not stored is refused here, not mid-rollout.
+    let opponents = league::draw(store, config, iteration, &batch).await?;
+    let mut setup = setup(config, iteration);
     let games = play::games(&config.env, &config.team(), &config.limits, &batch)?;
     // Agent programs import while the policies load.
     let started = games.start(&setup)?;
     let version = config.sampled_version(iteration);
     let mut loaded = policies::load_for_rollout(store, &config.policies, iteration, version, &session.policies).await?;
+    setup.league = league::load(store, config, &opponents, &mut loaded).await?;
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let rollout = &config.rollout;
     let engine = session.engine(rollout.engine, rollout.kv_cache_gib, store, config, &mut loaded).await?;
@@ -64,6 +67,7 @@ pub async fn run(
     let info = CommitInfo {
         inputs: vec![prepared.input_ref()],
         policies_used: loaded.refs(),
+        opponents_used: loaded.past_refs(),
         model_seconds: played.model_seconds,
         sandbox_seconds: played.sandbox_seconds,
         skipped_tasks: played.skipped.iter().map(|&t| batch[t].task_id.clone()).collect(),
@@ -96,6 +100,7 @@ fn setup(config: &RunConfig, iteration: u32) -> Setup {
         alone: config.workflow.alone,
         opponent: None,
         policies: config.agent_policies(),
+        league: HashMap::new(),
         branching: Branching::new(rollout.mode, rollout.group_size(), rollout.select, config.algorithm.alpha),
         seed_keys: vec![config.seed, iteration as u64, Key::ROLLOUT],
         overlong_prompt: rollout.overlong_prompt,
@@ -117,9 +122,11 @@ fn turn_rows(
         .iter()
         .map(|c| {
             let task_id = &batch[c.task_index].task_id;
-            let version = loaded.member(&c.policy).map_or(iteration, |m| m.version);
-            // A frozen policy's only version is never behind.
-            let trainable = config.policies.get(&c.policy).is_none_or(|p| p.trainable);
+            let member = loaded.member(&c.policy);
+            let (policy, version) = member.map_or((&c.policy, iteration), |m| (&m.policy, m.version));
+            // A league's past version is never trained, whatever its policy.
+            let past = *policy != c.policy;
+            let trainable = !past && config.policies.get(policy).is_none_or(|p| p.trainable);
             let o = &c.outcome;
             TurnRow {
                 candidate_id: format!("{task_id}/e{}/t{}/{}/b{}", c.episode, c.turn, c.agent, c.branch),
@@ -128,9 +135,9 @@ fn turn_rows(
                 episode: c.episode,
                 turn: c.turn,
                 agent: c.agent.to_string(),
-                policy: c.policy.clone(),
-                policy_version: loaded.member(&c.policy).map_or(0, |m| m.version),
-                weights_sha256: loaded.member(&c.policy).map_or_else(String::new, |m| m.weights_sha256.clone()),
+                policy: policy.clone(),
+                policy_version: member.map_or(0, |m| m.version),
+                weights_sha256: member.map_or_else(String::new, |m| m.weights_sha256.clone()),
                 engine: c.reply.engine.name().to_string(),
                 engine_model: c.reply.engine_model.clone(),
                 branch: c.branch,
@@ -158,7 +165,8 @@ fn turn_rows(
                 generation_seconds: c.reply.seconds,
                 failure: failures.get(&(c.task_index, c.episode)).map(|f| f.to_string()),
                 credited_reward: None,
-                staleness: Some(if trainable { iteration - version } else { 0 }),
+                // A frozen policy's only version is never behind; a past one is not trained.
+                staleness: (!past).then(|| if trainable { iteration - version } else { 0 }),
                 trainable: Some(trainable),
             }
         })

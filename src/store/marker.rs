@@ -26,6 +26,9 @@ pub struct CommitMarker {
     pub inputs: Vec<InputRef>,
     /// Policy versions the stage sampled or trained from.
     pub policies_used: Vec<PolicyRef>,
+    /// Past versions a league's roles played (`agents.<role>.league`): sampled, never trained.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub opponents_used: Vec<PolicyRef>,
     /// Checkpoints the stage produced.
     pub checkpoints: Vec<CheckpointRef>,
     pub seed: u64,

@@ -427,6 +427,7 @@ fn play_alone(
         alone: false,
         opponent: None,
         policies: [(Agent::SINGLE, "shared".to_string())].into(),
+        league: Default::default(),
         branching: Branching::Independent { episodes: 2 },
         seed_keys: vec![3],
         overlong_prompt: petting::play::OverlongPrompt::Error,

@@ -1019,3 +1019,90 @@ print(json.dumps({tag: [[e.step, e.value] for e in events.Scalars(tag)] for tag 
     let (ok, stdout, stderr) = run(&["gc", run_dir.to_str().unwrap(), "--grace", "0s"]);
     assert!(ok && stdout.contains("deleted 0 uncommitted files"), "{stdout}{stderr}");
 }
+
+/// pipelines/tic-tac-toe-smollm2-league.yaml, shrunk, on the tiny fixture: O plays past
+/// versions of the shared adapter, each stored with its game's turns and never trained;
+/// evaluation plays X against chosen past versions; a run stopped and resumed draws the
+/// same opponents as one that ran through.
+#[test]
+fn a_league_role_plays_stored_past_versions_and_a_resumed_run_draws_the_same_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::support::fixture("hf-tiny-qwen3");
+    let league = |store: &Path, until: Option<&str>| {
+        let config = repo_root().join("pipelines/tic-tac-toe-smollm2-league.yaml");
+        let mut args = vec!["pipeline".to_string(), "run".into(), config.display().to_string()];
+        for setting in [
+            format!("store={}", store.display()),
+            format!("policies.shared.model={}", model.display()),
+            "seed=7".into(),
+            "iterations=3".into(),
+            "data.train_tasks=8".into(),
+            "data.test_tasks=2".into(),
+            "workflow.max_turns=2".into(),
+            "rollout.tasks_per_iteration=4".into(),
+            "rollout.branches=2".into(),
+            "rollout.sampling.max_new_tokens=6".into(),
+            "algorithm.filter.drop_degenerate=false".into(),
+            "evaluation.every=1".into(),
+            "evaluation.tasks=2".into(),
+            "evaluation.against=[0, 2]".into(),
+            "evaluation.sampling.max_new_tokens=6".into(),
+        ] {
+            args.extend(["--set".into(), setting]);
+        }
+        args.extend(until.map(|stage| format!("--until={stage}")));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, stdout, stderr) = run(&args);
+        assert!(ok, "{stdout}{stderr}");
+    };
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    league(&a, None);
+
+    // X trains on the current version; O's turns are past versions, within the last 4.
+    let players = "select iteration, agent, trainable, min(policy_version) as lo, max(policy_version) as hi \
+                   from turns group by 1, 2, 3 order by 1, 2";
+    let rows = sql_rows(&a, players);
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in &rows {
+        let cells: Vec<&str> = row.split(',').collect();
+        let (k, lo, hi): (u32, u32, u32) =
+            (cells[0].parse().unwrap(), cells[3].parse().unwrap(), cells[4].parse().unwrap());
+        match cells[1] {
+            "player_x" => assert_eq!((cells[2], lo, hi), ("true", k, k), "{row}"),
+            _ => assert!(cells[2] == "false" && hi <= k.saturating_sub(1) && lo + 4 >= k, "{row}"),
+        }
+    }
+    assert_eq!(sql(&a, "select distinct agent from groups"), "agent\nplayer_x\n");
+    assert_eq!(sql(&a, "select distinct agent from samples"), "agent\nplayer_x\n");
+    assert_eq!(sql(&a, "select count(*) as n from turns where agent = 'player_o' and staleness is not null"), "n\n0\n");
+
+    // X against minimax, and against each listed version once it is stored.
+    let evaluated =
+        "select iteration, mode, opponent_version, count(*) as n from evals group by 1, 2, 3 order by 1, 2, 3";
+    let expected = "iteration,mode,opponent_version,n\n0,league,0,2\n0,multi_agent,,2\n1,league,0,2\n1,multi_agent,,2\n\
+                    2,league,0,2\n2,league,2,2\n2,multi_agent,,2\n3,league,0,2\n3,league,2,2\n3,multi_agent,,2\n";
+    assert_eq!(sql(&a, evaluated), expected);
+    let played = "select distinct policies from evals where iteration = 3 and mode = 'league' order by 1";
+    assert_eq!(
+        sql_rows(&a, played),
+        [r#""player_o=shared@v0,player_x=shared@v3""#, r#""player_o=shared@v2,player_x=shared@v3""#]
+    );
+    // docs/sql.md's win matrix: one cell per evaluated version and past version stored by then.
+    let cookbook = std::fs::read_to_string(repo_root().join("docs/sql.md")).unwrap();
+    let matrix = cookbook.split("**Win matrix").nth(1).unwrap().split("```sql\n").nth(1).unwrap();
+    let cells: Vec<String> = sql_rows(&a, matrix.split("```").next().unwrap())
+        .iter()
+        .map(|row| row.split(',').take(3).collect::<Vec<_>>().join(","))
+        .collect();
+    assert_eq!(cells, ["0,0,2", "1,0,2", "2,0,2", "2,2,2", "3,0,2", "3,2,2"]);
+
+    // Stopped after the first update and resumed: the same opponents in every game.
+    league(&b, Some("update:1"));
+    league(&b, None);
+    let opponents = "select iteration, task_id, episode, node_id, policy_version from turns \
+                     where agent = 'player_o' order by 1, 2, 3, 4";
+    assert_eq!(sql(&a, opponents), sql(&b, opponents));
+    let rows =
+        sql(&a, "select count(distinct policy_version) as n from turns where agent = 'player_o' and iteration = 2");
+    assert!(rows == "n\n1\n" || rows == "n\n2\n", "{rows}");
+}

@@ -222,6 +222,30 @@ fn check_rollout_weights(
     Ok(())
 }
 
+/// The past versions the rollout records its league's roles played, each a committed
+/// version no later than the iteration, with that version's weights.
+fn check_opponents<'m>(rollout: &'m [StoredMarker], allowed: &Allowed) -> Result<HashSet<(&'m str, u32)>, Error> {
+    let mut past = HashSet::new();
+    for m in rollout {
+        for used in &m.marker.opponents_used {
+            let checkpoint = allowed.weights(&used.policy, used.version);
+            if used.version > allowed.iteration || used.weights_sha256 != checkpoint {
+                return Err(Error::WeightsMismatch {
+                    policy: used.policy.clone(),
+                    iteration: allowed.iteration,
+                    marker: m.path.clone(),
+                    rollout_version: used.version,
+                    rollout_sha256: used.weights_sha256.clone(),
+                    version: used.version,
+                    checkpoint_sha256: checkpoint.to_string(),
+                });
+            }
+            past.insert((used.policy.as_str(), used.version));
+        }
+    }
+    Ok(past)
+}
+
 /// The latest version of the policy a row of `table` names; one of the run's policies.
 fn current_version<'c>(
     current: &'c HashMap<&str, PolicyRef>,
@@ -249,9 +273,13 @@ fn check_turns<'t>(
     let iteration = allowed.iteration;
     let recorded: HashSet<&str> =
         rollout.iter().flat_map(|m| &m.marker.policies_used).map(|p| p.policy.as_str()).collect();
+    let past = check_opponents(rollout, allowed)?;
     let mut by_id = HashMap::with_capacity(turns.len());
     for turn in turns {
         let is_frozen = frozen.contains(turn.policy.as_str());
+        // A league role's turn: a past version the rollout records having played, never trained.
+        let is_past =
+            !is_frozen && turn.trainable == Some(false) && past.contains(&(turn.policy.as_str(), turn.policy_version));
         if !is_frozen {
             current_version(current, Table::Turns, &turn.candidate_id, &turn.policy)?;
         }
@@ -259,9 +287,10 @@ fn check_turns<'t>(
             return Err(Error::UnrecordedPolicy { policy: turn.policy.clone(), iteration });
         }
         let (id, version) = (&turn.candidate_id, turn.policy_version);
-        let staleness = match is_frozen {
-            true if version == 0 => 0,
-            true => {
+        let staleness = match (is_frozen, is_past) {
+            (false, true) => None,
+            (true, _) if version == 0 => Some(0),
+            (true, _) => {
                 return Err(Error::RowVersion {
                     policy: turn.policy.clone(),
                     iteration,
@@ -271,7 +300,7 @@ fn check_turns<'t>(
                     expected: 0,
                 });
             }
-            false => allowed.staleness(Table::Turns, id, &turn.policy, version)?,
+            (false, false) => Some(allowed.staleness(Table::Turns, id, &turn.policy, version)?),
         };
         let expected = allowed.weights(&turn.policy, version);
         if turn.weights_sha256 != expected {
@@ -284,13 +313,14 @@ fn check_turns<'t>(
                 expected: expected.to_string(),
             });
         }
-        if let Some(recorded) = turn.staleness.filter(|&s| s != staleness) {
-            return Err(Error::BadRow {
-                candidate_id: id.clone(),
-                reason: format!("turns.staleness is {recorded}, but v{version} is {staleness} behind v{iteration}"),
-            });
+        if let Some(recorded) = turn.staleness.filter(|&s| Some(s) != staleness) {
+            let reason = match staleness {
+                Some(s) => format!("turns.staleness is {recorded}, but v{version} is {s} behind v{iteration}"),
+                None => format!("turns.staleness is {recorded}, but a league's past version is never trained"),
+            };
+            return Err(Error::BadRow { candidate_id: id.clone(), reason });
         }
-        if turn.trainable.is_some_and(|t| t == is_frozen) {
+        if !is_past && turn.trainable.is_some_and(|t| t == is_frozen) {
             let (flag, policy) = (is_frozen, if is_frozen { "frozen" } else { "trainable" });
             return Err(Error::BadRow {
                 candidate_id: id.clone(),
