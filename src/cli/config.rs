@@ -26,7 +26,14 @@ pub fn check(args: &ConfigArgs) -> anyhow::Result<()> {
     if let Some(ranks) = args.ranks {
         super::ranks::check_pools(c, ranks, file)?;
     }
-    let agents: Vec<String> = c.agents.iter().map(|(role, a)| format!("{role} -> {}", a.policy)).collect();
+    let agents: Vec<String> = c
+        .agents
+        .iter()
+        .map(|(role, a)| match a.league {
+            Some(league) => format!("{role} -> {} (a past version: {})", a.policy, league.rule()),
+            None => format!("{role} -> {}", a.policy),
+        })
+        .collect();
     println!(
         "{}: ok: {} played by {:?} ({}), {} train and {} test tasks, {} iterations of {} tasks x K={}, store {}, \
          config sha256 {}",

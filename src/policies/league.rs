@@ -76,6 +76,17 @@ impl League {
     }
 }
 
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rule::Version(v) => write!(f, "version {v}"),
+            Rule::Behind(k) => write!(f, "{k} behind"),
+            Rule::Uniform(n) => write!(f, "uniform over the last {n}"),
+            Rule::TowardLosses(n) => write!(f, "the last {n}, weighted toward those the trained roles lose to"),
+        }
+    }
+}
+
 /// The trained roles' record against one past version: games met, and their summed results.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Record {
