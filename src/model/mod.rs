@@ -37,6 +37,7 @@ mod score;
 mod tokenizer;
 pub mod trainer;
 mod value_head;
+pub mod vision;
 mod weights;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,8 @@
+//! Vision-language models: the vision towers that turn an image's patches into
+//! language-model embeddings, and where each patch and prompt token sits (`layout`).
+
+pub mod layout;
+mod qwen2_5_vl;
+
+pub use layout::Grid;
+pub use qwen2_5_vl::{VisionConfig, VisionTower};
