@@ -70,6 +70,18 @@ impl Rotary {
         let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
         (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
     }
+
+    /// cos and sin for M-RoPE positions (3, B, L) (temporal, row, column), each (B, 1, L,
+    /// D) in `kind`: the frequencies split into `sections` (summing to D/2), the i-th
+    /// section turning with axis i mod 3, as Qwen2.5-VL's language model does.
+    pub(crate) fn cos_sin_mrope(&self, positions: &Tensor, sections: &[i64], kind: Kind) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq; // (3, B, L, D/2)
+        let parts = freqs.split_with_sizes(sections, -1);
+        let picked: Vec<Tensor> = parts.iter().enumerate().map(|(i, part)| part.get((i % 3) as i64)).collect();
+        let freqs = Tensor::cat(&picked, -1);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
 }
 
 /// x·cos + rotate_half(x)·sin, with rotate_half(x) = cat(−x₂, x₁) over the last dim.
@@ -446,7 +458,18 @@ impl CausalLm {
 
     /// Token ids (B, L) → final hidden states (B, L, E), through every layer.
     pub(crate) fn hidden(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
-        let mut x = self.model.embed_tokens.embedding_rows(input_ids);
+        let x = self.model.embed_tokens.embedding_rows(input_ids);
+        self.hidden_of_embeddings(x, pass)
+    }
+
+    /// The embedding rows of token ids (B, L) → (B, L, E).
+    pub(crate) fn embed(&self, input_ids: &Tensor) -> Tensor {
+        self.model.embed_tokens.embedding_rows(input_ids)
+    }
+
+    /// Input embeddings (B, L, E) (token rows, some replaced by an image's features) →
+    /// final hidden states (B, L, E).
+    pub(crate) fn hidden_of_embeddings(&mut self, mut x: Tensor, pass: &Pass) -> Tensor {
         for layer in &mut self.model.layers {
             x = layer.forward(&x, pass);
         }

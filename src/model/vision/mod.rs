@@ -2,7 +2,9 @@
 //! language-model embeddings, and where each patch and prompt token sits (`layout`).
 
 pub mod layout;
+mod model;
 mod qwen2_5_vl;
 
 pub use layout::Grid;
+pub use model::VisionLanguageModel;
 pub use qwen2_5_vl::{VisionConfig, VisionTower};

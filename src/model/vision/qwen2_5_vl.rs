@@ -297,6 +297,23 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_with_two_images_gets_transformers_logits() {
+        let options = crate::model::LoadOptions::default();
+        let mut model = super::super::VisionLanguageModel::load(&fixture(), &options).unwrap();
+        let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
+        let logits = tch::no_grad(|| model.prompt_logits(&ids, &reference("pixel_values"), &grids())).unwrap();
+        let expected = reference("logits");
+        let (gap, scale) =
+            ((&logits - &expected).abs().max().double_value(&[]), expected.abs().max().double_value(&[]));
+        assert!(gap < 1e-5 * scale, "largest gap to transformers' logits: {gap} (largest logit {scale})");
+        // One image token short: an error naming the image, not a silently shifted prompt.
+        let first = ids.iter().position(|&id| id == model.image_token()).unwrap();
+        let short = [&ids[..first], &ids[first + 1..]].concat();
+        let error = model.prompt_logits(&short, &reference("pixel_values"), &grids()).unwrap_err();
+        assert!(error.to_string().contains("expands into 15 tokens, but the prompt holds 14"), "{error}");
+    }
+
+    #[test]
     fn the_prompts_m_rope_positions_are_transformers_own() {
         let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
         let positions = layout::rope_positions(&ids, 250, &grids(), 2).unwrap();
