@@ -6,9 +6,9 @@
 # Per seed: the team with a shared policy trained with AT-GRPO (its version 0 gives the
 # untrained "MAS" row); the team trained with plain GRPO; with PPO and a learned critic,
 # independent (ppo) or centralised (mappo); where the pipelines exist
-# (pipelines/<task>-<row>.yaml), with a full model per role (L2), with a LoRA adapter per
-# role (L1), with each agent trained alone (the paper's "train in single agent, evaluate
-# in MAS"), and the single agent. A task that warm-starts its model (the grid tasks) forks
+# (pipelines/<task>-<row>.yaml), with a league of past selves (tic-tac-toe), with a full
+# model per role (L2), with a LoRA adapter per role (L1), with each agent trained alone
+# (the paper's "train in single agent, evaluate in MAS"), and the single agent. A task that warm-starts its model (the grid tasks) forks
 # every team row from the shared run's version 0, so all start on the same warm-started
 # weights; a pretrained model (math, code, tic-tac-toe) is that same start already.
 # Every run resumes where it stopped, so the script can be interrupted and started
@@ -35,7 +35,7 @@ for seed in "$@"; do
         from=(--from "runs/results/$task-s$seed@0")
     fi
     run "$task-s$seed" "pipelines/$task.yaml" --set seed="$seed"
-    for row in ${ROWS:-grpo ppo mappo returns per-role lora alone single-agent}; do
+    for row in ${ROWS:-grpo ppo mappo returns league per-role lora alone single-agent}; do
         if [[ $row =~ ^stale([0-9]+)$ ]]; then
             run "$task-$row-s$seed" "pipelines/$task.yaml" --set seed="$seed" \
                 --set rollout.max_staleness="${BASH_REMATCH[1]}" "${from[@]}"
