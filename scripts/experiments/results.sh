@@ -8,9 +8,10 @@
 # independent (ppo) or centralised (mappo); where the pipelines exist
 # (pipelines/<task>-<row>.yaml), with a league of past selves (tic-tac-toe), with a full
 # model per role (L2), with a LoRA adapter per role (L1), with each agent trained alone
-# (the paper's "train in single agent, evaluate in MAS"), and the single agent. A task that warm-starts its model (the grid tasks) forks
-# every team row from the shared run's version 0, so all start on the same warm-started
-# weights; a pretrained model (math, code, tic-tac-toe) is that same start already.
+# (the paper's "train in single agent, evaluate in MAS"), and the single agent. A task
+# that warm-starts its model (the grid tasks) forks every team row from the shared run's
+# version 0, so all start on the same warm-started weights; a pretrained model (math,
+# code, tic-tac-toe) is that same start already.
 # Every run resumes where it stopped, so the script can be interrupted and started
 # again. PETTING selects the binary; ROWS (e.g. "ppo mappo") runs only those rows beside
 # the shared run. A row staleN (ROWS="stale1 stale2", not run by default) is the shared
