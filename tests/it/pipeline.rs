@@ -1095,6 +1095,9 @@ fn a_league_role_plays_stored_past_versions_and_a_resumed_run_draws_the_same_one
         .map(|row| row.split(',').take(3).collect::<Vec<_>>().join(","))
         .collect();
     assert_eq!(cells, ["0,0,2", "1,0,2", "2,0,2", "2,2,2", "3,0,2", "3,2,2"]);
+    let report = dir.path().join("report");
+    let (ok, _, stderr) = run(&["report", a.to_str().unwrap(), "--output", report.to_str().unwrap()]);
+    assert!(ok && report.join("charts/league.png").is_file(), "the report charts the win matrix: {stderr}");
 
     // Stopped after the first update and resumed: the same opponents in every game.
     league(&b, Some("update:1"));
