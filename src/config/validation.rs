@@ -206,13 +206,9 @@ impl RunConfig {
     }
 
     /// A league's roles play stored past versions of a policy that trains, on the tch
-    /// engine, and some role still trains.
+    /// engine, and some role still trains; then `evaluation.against`.
     fn validate_league(&self) -> Result<(), Invalid> {
         let first = self.first_iteration();
-        let kept = |v: u32| match &self.retention {
-            Some(r) if r.weights => v == first || r.keep_every.is_some_and(|n| v.is_multiple_of(n)),
-            _ => true,
-        };
         let leagues: Vec<_> = self.agents.iter().filter_map(|(role, a)| Some((role, a, a.league?))).collect();
         for &(role, agent, league) in &leagues {
             let key = format!("agents.{role}.league");
@@ -239,7 +235,8 @@ impl RunConfig {
                 self.retention.is_none_or(|r| !r.weights || r.keep_last > reach),
                 "retention.keep_last",
                 format!(
-                    "must be more than {reach}: {key} plays versions up to {reach} behind the newest, whose weights retention.weights would prune"
+                    "must be more than {reach}: {key} plays versions up to {reach} behind the newest, whose \
+                     weights retention.weights would prune"
                 ),
             )?;
             check(
@@ -255,12 +252,23 @@ impl RunConfig {
             "agents",
             "every role that plays a trained policy plays a past version of it (league): nothing would train",
         )?;
+        self.validate_evaluation_against(!leagues.is_empty())
+    }
+
+    /// `evaluation.against`: versions the run stores and keeps, played by a league's roles
+    /// on the tch engine.
+    fn validate_evaluation_against(&self, has_league: bool) -> Result<(), Invalid> {
+        let first = self.first_iteration();
+        let kept = |v: u32| match &self.retention {
+            Some(r) if r.weights => v == first || r.keep_every.is_some_and(|n| v.is_multiple_of(n)),
+            _ => true,
+        };
         let against = &self.evaluation.against;
         if against.is_empty() {
             return Ok(());
         }
         check(
-            !leagues.is_empty(),
+            has_league,
             "evaluation.against",
             "plays past versions in the league's roles, and no agent has a league: give the role that plays them \
              agents.<role>.league",
