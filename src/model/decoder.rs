@@ -85,9 +85,9 @@ impl Rotary {
 }
 
 /// x·cos + rotate_half(x)·sin, with rotate_half(x) = cat(−x₂, x₁) over the last dim.
-fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    let half = x.size()[3] / 2;
-    let rotated = Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3);
+pub(crate) fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let half = x.size().last().copied().expect("a last dim") / 2;
+    let rotated = Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
     x * cos + rotated * sin
 }
 
@@ -103,6 +103,11 @@ pub(crate) struct RmsNorm {
 impl RmsNorm {
     fn new(path: Path, size: i64, eps: f64, weights: &Weights) -> Result<RmsNorm, Error> {
         Ok(RmsNorm { weight: param(&path, "weight", &[size], Init::Ones, weights)?, eps })
+    }
+
+    /// A norm of a weight read outside a VarStore (a frozen vision tower's).
+    pub(crate) fn of_weight(weight: Tensor, eps: f64) -> RmsNorm {
+        RmsNorm { weight, eps }
     }
 
     /// Normalises the last dim in float32, then scales in the input dtype (transformers' order).
@@ -458,7 +463,7 @@ impl CausalLm {
 
     /// Token ids (B, L) → final hidden states (B, L, E), through every layer.
     pub(crate) fn hidden(&mut self, input_ids: &Tensor, pass: &Pass) -> Tensor {
-        let x = self.model.embed_tokens.embedding_rows(input_ids);
+        let x = self.embed(input_ids);
         self.hidden_of_embeddings(x, pass)
     }
 

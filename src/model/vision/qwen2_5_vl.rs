@@ -7,6 +7,7 @@ use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
 use super::super::Error;
+use super::super::decoder::{RmsNorm, apply_rotary};
 use super::super::weights::SafetensorsSet;
 use super::layout::{self, Grid};
 
@@ -51,21 +52,6 @@ impl VisionConfig {
     /// A window's side in merge blocks.
     fn window_blocks(&self) -> usize {
         self.window_size / self.spatial_merge_size / self.patch_size
-    }
-}
-
-/// One RMSNorm, in float32 as transformers computes it.
-#[derive(Debug)]
-struct RmsNorm {
-    weight: Tensor,
-}
-
-impl RmsNorm {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let kind = x.kind();
-        let x32 = x.to_kind(Kind::Float);
-        let normed = &x32 * (x32.square().mean_dim(-1, true, Kind::Float) + 1e-6).rsqrt();
-        &self.weight * normed.to_kind(kind)
     }
 }
 
@@ -117,7 +103,7 @@ impl Reader<'_> {
     }
 
     fn norm(&self, name: &str, dim: i64) -> Result<RmsNorm, Error> {
-        Ok(RmsNorm { weight: self.tensor(&format!("{name}.weight"), &[dim])? })
+        Ok(RmsNorm::of_weight(self.tensor(&format!("{name}.weight"), &[dim])?, 1e-6))
     }
 
     fn linear(&self, name: &str, input: i64, output: i64) -> Result<Linear, Error> {
@@ -227,17 +213,12 @@ impl VisionTower {
         let (cos, sin) = (cos.unsqueeze(0), sin.unsqueeze(0));
         let rotate = |t: &Tensor| {
             let t32 = t.to_kind(Kind::Float);
-            (&t32 * &cos + rotate_half(&t32) * &sin).to_kind(t.kind())
+            apply_rotary(&t32, &cos, &sin).to_kind(t.kind())
         };
         let (q, k) = (rotate(&q), rotate(&k));
         let out = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, false);
         block.proj.forward(&out.permute([1, 0, 2]).reshape([len, heads * dim]))
     }
-}
-
-fn rotate_half(x: &Tensor) -> Tensor {
-    let half = x.size().last().copied().expect("a last dim") / 2;
-    Tensor::cat(&[x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)], -1)
 }
 
 /// Boolean (L, L): true where a patch may attend another, both in one segment of `bounds`
