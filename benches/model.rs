@@ -217,7 +217,7 @@ fn main() {
             } else {
                 let requests: Vec<GenerationRequest> = prompts
                     .iter()
-                    .map(|p| GenerationRequest { prompt_ids: p.clone(), seed: 0, adapter: None })
+                    .map(|p| GenerationRequest { prompt_ids: p.clone(), seed: 0, adapter: None, images: None })
                     .collect();
                 let settings = GenerationSettings::new(Sampling::Greedy, 1);
                 measure(args.reps, &mut || {
@@ -244,6 +244,7 @@ fn main() {
                         prompt_ids: p.clone(),
                         seed: round * 100 + i as u64,
                         adapter: None,
+                        images: None,
                     })
                     .collect();
                 let out = policy.generate(&requests, &settings).unwrap();
@@ -260,7 +261,7 @@ fn main() {
             let requests: Vec<GenerationRequest> = prompts
                 .iter()
                 .enumerate()
-                .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), seed: i as u64, adapter: None })
+                .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), seed: i as u64, adapter: None, images: None })
                 .collect();
             measure(args.reps, &mut || {
                 let (out, stats) = policy.generate_with_stats(&requests, &settings).unwrap();
@@ -274,7 +275,12 @@ fn main() {
             // The first token is the prompt; the 383 after it are scored (transformers' shifted CE).
             let requests: Vec<ScoreRequest> = ids
                 .iter()
-                .map(|s| ScoreRequest { prompt_ids: s[..1].to_vec(), response_ids: s[1..].to_vec(), adapter: None })
+                .map(|s| ScoreRequest {
+                    prompt_ids: s[..1].to_vec(),
+                    response_ids: s[1..].to_vec(),
+                    adapter: None,
+                    images: None,
+                })
                 .collect();
             let old = policy.score(&requests, usize::MAX).unwrap();
             let old = tch::Tensor::from_slice(&old.concat()).view([16, 383]);
@@ -414,6 +420,7 @@ fn grpo_step(policy: &mut LanguageModel) -> impl FnMut() + '_ {
                 prompt_ids: prompts[i / GRPO_K].clone(),
                 seed: round * 1000 + i as u64,
                 adapter: None,
+                images: None,
             })
             .collect();
         let t0 = Instant::now();
@@ -438,6 +445,7 @@ fn grpo_step(policy: &mut LanguageModel) -> impl FnMut() + '_ {
                 prompt_ids: r.prompt_ids.clone(),
                 response_ids: g.token_ids.clone(),
                 adapter: None,
+                images: None,
             })
             .collect();
         // One mini-batch: its own forward gives the old logprobs, as in petting's update.

@@ -102,7 +102,12 @@ pub fn generate(args: ModelGenerateArgs) -> anyhow::Result<()> {
     };
     let adapter = args.model.adapter.as_ref().map(|_| "adapter".to_owned());
     let requests: Vec<GenerationRequest> = (0..args.num_sequences as u64)
-        .map(|i| GenerationRequest { prompt_ids: prompt_ids.clone(), seed: args.seed + i, adapter: adapter.clone() })
+        .map(|i| GenerationRequest {
+            prompt_ids: prompt_ids.clone(),
+            seed: args.seed + i,
+            adapter: adapter.clone(),
+            images: None,
+        })
         .collect();
     let mut stdout = std::io::stdout().lock();
     for g in policy.generate(&requests, &settings)? {
@@ -135,6 +140,7 @@ pub fn score(args: ModelScoreArgs) -> anyhow::Result<()> {
             prompt_ids: ids("prompt_ids")?,
             response_ids: ids("response_ids")?,
             adapter: adapter.clone(),
+            images: None,
         });
         lines.push(value);
     }

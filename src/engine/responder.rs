@@ -67,7 +67,12 @@ impl Responder for ModelResponder<'_> {
         let requests: Vec<GenerationRequest> = prompts
             .iter()
             .zip(&rendered)
-            .map(|(p, (_, ids))| GenerationRequest { prompt_ids: ids.clone(), seed: p.seed, adapter: adapter.clone() })
+            .map(|(p, (_, ids))| GenerationRequest {
+                prompt_ids: ids.clone(),
+                seed: p.seed,
+                adapter: adapter.clone(),
+                images: None,
+            })
             .collect();
         let started = Instant::now();
         // A reply is done by its last token, or by a token-limit's worth of tokens.

@@ -178,7 +178,8 @@ async fn probe(
     let adapter = adapter.map(str::to_owned);
     let probe_error = |e: crate::model::Error| Error::Unsupported(format!("cannot score the probe with tch: {e}"));
     let (_, ids) = policy.agent_prompt(PROBE_TEXT, 512).map_err(probe_error)?;
-    let request = ScoreRequest { prompt_ids: ids[..1].to_vec(), response_ids: ids[1..].to_vec(), adapter };
+    let request =
+        ScoreRequest { prompt_ids: ids[..1].to_vec(), response_ids: ids[1..].to_vec(), adapter, images: None };
     let ours = tokio::task::block_in_place(|| policy.score_batched(&[request], &MicroBatching::new(4096, false)))
         .map_err(probe_error)?
         .remove(0);

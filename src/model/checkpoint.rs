@@ -141,7 +141,9 @@ impl LanguageModel {
     /// [`LanguageModel::save`] with shards of at most `max_shard_bytes`.
     pub fn save_sharded(&self, dir: &Path, save_as: &SaveAs, max_shard_bytes: usize) -> Result<CheckpointMeta> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let mut config = self.lm.config.raw.clone();
+        // A vision-language model writes its whole config and its tower beside the decoder.
+        let (raw, tower) = self.vision.as_ref().map_or((&self.lm.config.raw, &[][..]), |v| v.checkpoint_parts());
+        let mut config = raw.clone();
         if let Some(map) = config.as_object_mut() {
             // transformers ≥ 4.56 writes `dtype` (older files: `torch_dtype`).
             let key =
@@ -149,7 +151,8 @@ impl LanguageModel {
             map.insert(key.into(), dtype_name(self.kind()).into());
         }
         write_json(&dir.join("config.json"), &config)?;
-        let tensors: Vec<(String, tch::Tensor)> = self.vs.variables().into_iter().collect();
+        let mut tensors: Vec<(String, tch::Tensor)> = self.vs.variables().into_iter().collect();
+        tensors.extend(tower.iter().map(|(name, t)| (name.clone(), t.shallow_clone())));
         let written = write_weights(dir, &tensors, max_shard_bytes)?;
         for (name, bytes) in &self.assets {
             write_atomic(&dir.join(name), bytes)?;

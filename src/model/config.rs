@@ -178,18 +178,25 @@ impl ModelConfig {
     /// models often end their turns with a token config.json does not name).
     pub fn from_dir(dir: &Path) -> Result<ModelConfig, Error> {
         let mut config = ModelConfig::from_file(&dir.join("config.json"))?;
+        config.add_generation_eos(dir)?;
+        Ok(config)
+    }
+
+    /// Adds the EOS ids `dir/generation_config.json` names, if there is one.
+    pub(crate) fn add_generation_eos(&mut self, dir: &Path) -> Result<(), Error> {
         let generation = dir.join("generation_config.json");
-        if generation.exists() {
-            let text = std::fs::read_to_string(&generation).map_err(|source| Error::io(&generation, source))?;
-            let parsed: GenerationEos = serde_json::from_str(&text)
-                .map_err(|e| Error::Config { file: generation.clone(), reason: e.to_string() })?;
-            for id in parsed.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default() {
-                if !config.eos_token_ids.contains(&id) {
-                    config.eos_token_ids.push(id);
-                }
+        if !generation.exists() {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(&generation).map_err(|source| Error::io(&generation, source))?;
+        let parsed: GenerationEos = serde_json::from_str(&text)
+            .map_err(|e| Error::Config { file: generation.clone(), reason: e.to_string() })?;
+        for id in parsed.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default() {
+            if !self.eos_token_ids.contains(&id) {
+                self.eos_token_ids.push(id);
             }
         }
-        Ok(config)
+        Ok(())
     }
 
     /// Reads and resolves a `config.json`.

@@ -22,7 +22,10 @@
 //! would compute alone, so results do not depend on the budget, the admission order or
 //! the batch mates (up to float summation order).
 
-use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -34,6 +37,8 @@ use super::language_model::LanguageModel;
 use super::lora::Route;
 use super::prefill_plan::{self, Segment};
 use super::sampler::{Sampler, Sampling};
+use super::score::PromptKey;
+use super::vision::{ImagePrompt, PromptImages, RowImages};
 use super::{Error, Result};
 
 /// One sequence to continue.
@@ -44,6 +49,8 @@ pub struct GenerationRequest {
     pub seed: u64,
     /// The LoRA adapter to sample with; the base model when `None`.
     pub adapter: Option<String>,
+    /// The images whose placeholder tokens `prompt_ids` holds, for a vision-language model.
+    pub images: Option<Arc<PromptImages>>,
 }
 
 /// How much memory the key/value caches of one `generate` may take.
@@ -216,6 +223,8 @@ struct Call<'a> {
     requests: &'a [GenerationRequest],
     settings: &'a GenerationSettings,
     adapters: Vec<Option<usize>>,
+    /// Each request's images, checked against its prompt, with their features.
+    images: Vec<Option<Rc<ImagePrompt>>>,
     eos: Vec<i64>,
     sampler: Sampler,
     /// Tokens of the longest stop string, plus one: a stop string that the newest token
@@ -346,10 +355,31 @@ impl LanguageModel {
             requests,
             settings,
             adapters,
+            images: self.image_prompts(requests)?,
             eos: settings.eos_token_ids.clone().unwrap_or_else(|| self.lm.config.eos_token_ids.clone()),
             sampler: Sampler::new(settings.sampling),
             stop_window,
         })
+    }
+
+    /// Each request's [`ImagePrompt`], computed once per distinct prompt and images.
+    fn image_prompts(&self, requests: &[GenerationRequest]) -> Result<Vec<Option<Rc<ImagePrompt>>>> {
+        let mut computed: HashMap<(&[i64], &str), Rc<ImagePrompt>> = HashMap::new();
+        let mut prompts = Vec::with_capacity(requests.len());
+        for r in requests {
+            let Some(images) = &r.images else {
+                self.check_no_images(&r.prompt_ids)?;
+                prompts.push(None);
+                continue;
+            };
+            let key = (r.prompt_ids.as_slice(), images.key.as_str());
+            let prompt = match computed.entry(key) {
+                Entry::Occupied(computed) => Rc::clone(computed.get()),
+                Entry::Vacant(new) => Rc::clone(new.insert(Rc::new(self.image_prompt(&r.prompt_ids, images)?))),
+            };
+            prompts.push(Some(prompt));
+        }
+        Ok(prompts)
     }
 
     /// Sizes the caches from the budget: as many slots as it pays for, at most one per request.
@@ -418,9 +448,13 @@ impl LanguageModel {
             row.len = call.requests[row.request].prompt_ids.len() as i64;
         }
         let distinct = &rows[..joined.distinct];
-        let prompts: Vec<&[i64]> = distinct.iter().map(|r| call.requests[r.request].prompt_ids.as_slice()).collect();
-        let adapters: Vec<Option<usize>> = distinct.iter().map(|r| call.adapters[r.request]).collect();
-        let (last_hidden, computed, copied) = self.prefill_prompts(&prompts, &adapters, joined.first as i64);
+        let prompts = Prompts {
+            ids: distinct.iter().map(|r| call.requests[r.request].prompt_ids.as_slice()).collect(),
+            adapters: distinct.iter().map(|r| call.adapters[r.request]).collect(),
+            images: distinct.iter().map(|r| call.images[r.request].as_deref()).collect(),
+            image_keys: distinct.iter().map(|r| call.requests[r.request].images.as_ref().map(|i| &*i.key)).collect(),
+        };
+        let (last_hidden, computed, copied) = self.prefill_prompts(&prompts, joined.first as i64);
         stats.prefill_tokens += computed;
         for (row, shares) in rows.iter_mut().zip(copied) {
             row.shares = shares;
@@ -439,16 +473,13 @@ impl LanguageModel {
     /// prompts share computed once ([`prefill_plan`]), at most [`PREFILL_TOKENS`]
     /// positions per forward; returns each prompt's last hidden state, (B, E), the tokens
     /// computed, and the slot each prompt's first columns were copied from, with how many.
-    fn prefill_prompts(
-        &mut self,
-        prompts: &[&[i64]],
-        adapters: &[Option<usize>],
-        first: i64,
-    ) -> (Tensor, usize, Vec<Option<(usize, i64)>>) {
-        let mut last: Vec<Option<Tensor>> = (0..prompts.len()).map(|_| None).collect();
-        let mut copied = vec![None; prompts.len()];
+    fn prefill_prompts(&mut self, prompts: &Prompts, first: i64) -> (Tensor, usize, Vec<Option<(usize, i64)>>) {
+        let mut last: Vec<Option<Tensor>> = (0..prompts.ids.len()).map(|_| None).collect();
+        let mut copied = vec![None; prompts.ids.len()];
         let mut computed = 0;
-        for level in prefill_plan::plan(prompts, adapters) {
+        // Prompts share computed tokens only with the same adapter and the same images.
+        let groups: Vec<_> = prompts.adapters.iter().zip(&prompts.image_keys).collect();
+        for level in prefill_plan::plan(&prompts.ids, &groups) {
             computed += level.iter().map(|s| s.end - s.start).sum::<usize>();
             for segment in &level {
                 if let Some(from) = segment.copy_from {
@@ -458,9 +489,9 @@ impl LanguageModel {
                 }
             }
             for forward in prefill_plan::forwards(&level, PREFILL_TOKENS) {
-                let hidden = self.prefill_forward(prompts, adapters, first, &forward);
+                let hidden = self.prefill_forward(prompts, first, &forward);
                 for (row, segment) in forward.iter().enumerate() {
-                    if segment.end == prompts[segment.prompt].len() {
+                    if segment.end == prompts.ids[segment.prompt].len() {
                         let at = (segment.end - segment.start - 1) as i64;
                         last[segment.prompt] = Some(hidden.get(row as i64).get(at));
                     }
@@ -473,26 +504,20 @@ impl LanguageModel {
 
     /// One forward over segments of prompts, right-padded, each into its prompt's slot on
     /// top of the columns that slot holds; returns the hidden states, (B, L, E).
-    fn prefill_forward(
-        &mut self,
-        prompts: &[&[i64]],
-        adapters: &[Option<usize>],
-        first: i64,
-        segments: &[Segment],
-    ) -> Tensor {
+    fn prefill_forward(&mut self, prompts: &Prompts, first: i64, segments: &[Segment]) -> Tensor {
         let device = self.device();
         let l = segments.iter().map(|s| s.end - s.start).max().unwrap_or(0);
         let pad = self.pad_id();
         let ids: Vec<Vec<i64>> = segments
             .iter()
             .map(|s| {
-                let tokens = &prompts[s.prompt][s.start..s.end];
+                let tokens = &prompts.ids[s.prompt][s.start..s.end];
                 tokens.iter().copied().chain(std::iter::repeat_n(pad, l - tokens.len())).collect()
             })
             .collect();
         let positions: Vec<i64> = segments.iter().flat_map(|s| (s.start..s.start + l).map(|p| p as i64)).collect();
         let positions = Tensor::from_slice(&positions).view([segments.len() as i64, l as i64]).to_device(device);
-        let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, self.kind());
+        let (cos, sin) = self.rope(&rope_positions(prompts, segments, l).to_device(device));
         let placed: Vec<(i64, i64, i64)> =
             segments.iter().map(|s| (first + s.prompt as i64, s.start as i64, (s.end - s.start) as i64)).collect();
         let placement = Placement::new(&placed, l as i64, device);
@@ -501,11 +526,17 @@ impl LanguageModel {
             let keys = Tensor::arange(placement.span(), (Kind::Int64, device)).view([1, 1, 1, -1]);
             keys.le_tensor(&positions.unsqueeze(1).unsqueeze(-1))
         });
-        let row_adapters: Vec<Option<usize>> = segments.iter().map(|s| adapters[s.prompt]).collect();
+        let row_adapters: Vec<Option<usize>> = segments.iter().map(|s| prompts.adapters[s.prompt]).collect();
         let route = Route::new(&row_adapters, device, None);
         let pass =
             Pass { cos, sin, mask, causal: true, cache: CacheStep::Placed(&placement), route: &route, packed: true };
-        self.lm.hidden(&self.ids_tensor(&ids), &pass)
+        let images: Vec<RowImages> = segments
+            .iter()
+            .enumerate()
+            .filter_map(|(row, s)| Some(prompts.images[s.prompt]?.features_in(row as i64, s.start, s.end)))
+            .collect();
+        let embeddings = self.embed_with_images(&self.ids_tensor(&ids), &images);
+        self.lm.hidden_of_embeddings(embeddings, &pass)
     }
 
     /// Feeds every running row its last sampled token; returns the next-token logits, (n, V).
@@ -520,7 +551,11 @@ impl LanguageModel {
         let mask = lens.iter().any(|&l| l != lens[0]).then(|| {
             Tensor::arange(span, (Kind::Int64, device)).view([1, 1, 1, span]).le_tensor(&columns.view([n, 1, 1, 1]))
         });
-        let (cos, sin) = self.lm.model.rotary.cos_sin(&columns.view([n, 1]), self.kind());
+        // A row after images is at its column plus its prompt's delta, on every axis.
+        let deltas: Vec<i64> =
+            running.iter().map(|r| call.images[r.request].as_ref().map_or(0, |i| i.delta())).collect();
+        let rope = (&columns + Tensor::from_slice(&deltas).to_device(device)).view([1, n, 1]).expand([3, n, 1], false);
+        let (cos, sin) = self.rope(&rope);
         let slots: Vec<Option<usize>> = running.iter().map(|r| call.adapters[r.request]).collect();
         let route = Route::new(&slots, device, None);
         let shared = SharedColumns::new(&running.iter().map(|r| r.shares).collect::<Vec<_>>());
@@ -631,6 +666,30 @@ impl LanguageModel {
     }
 }
 
+/// The distinct prompts one prefill computes, and what each is computed with.
+struct Prompts<'a> {
+    ids: Vec<&'a [i64]>,
+    adapters: Vec<Option<usize>>,
+    images: Vec<Option<&'a ImagePrompt>>,
+    image_keys: Vec<Option<&'a str>>,
+}
+
+/// Rotary positions (3, B, L) of a prefill forward's segments, padded to `l`: a text
+/// prompt's token i is at i on every axis, an image prompt's where its images put it.
+fn rope_positions(prompts: &Prompts, segments: &[Segment], l: usize) -> Tensor {
+    let mut axes: [Vec<i64>; 3] = Default::default();
+    for s in segments {
+        let rows = match prompts.images[s.prompt] {
+            Some(image) => image.positions(s.start, l),
+            None => std::array::from_fn(|_| (s.start..s.start + l).map(|p| p as i64).collect()),
+        };
+        for (axis, row) in axes.iter_mut().zip(rows) {
+            axis.extend(row);
+        }
+    }
+    Tensor::from_slice(&axes.concat()).view([3, segments.len() as i64, l as i64])
+}
+
 /// The rows that joined in one admission: slots `first..first + sources.len()`, the
 /// first `distinct` of them the prompts to prefill; row k copies prompt `sources[k]`.
 struct Joined {
@@ -642,9 +701,9 @@ struct Joined {
 /// The requests grouped by (prompt, adapter), in order of first appearance.
 fn distinct_prompts(requests: &[GenerationRequest]) -> VecDeque<Waiting> {
     let mut waiting: Vec<Waiting> = Vec::new();
-    let mut index: std::collections::HashMap<(&[i64], Option<&str>), usize> = std::collections::HashMap::new();
+    let mut index: HashMap<PromptKey, usize> = HashMap::new();
     for (i, r) in requests.iter().enumerate() {
-        let key = (r.prompt_ids.as_slice(), r.adapter.as_deref());
+        let key = (r.prompt_ids.as_slice(), r.adapter.as_deref(), r.images.as_ref().map(|i| i.key.as_str()));
         match index.get(&key) {
             Some(&w) => waiting[w].requests.push_back(i),
             None => {

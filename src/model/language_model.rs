@@ -16,6 +16,7 @@ use super::device::{DType, Device};
 use super::lora::LoraConfig;
 use super::lora::{LoraWeights, lora_a_bound, targets_layer};
 use super::tokenizer::Tokenizer;
+use super::vision::{self, Vision};
 use super::weights::{Init, SafetensorsSet, Weights};
 use super::{Error, Result};
 
@@ -69,6 +70,8 @@ pub struct LanguageModel {
     pub(crate) adapters: Vec<Adapter>,
     pub(crate) tokenizer: Option<Tokenizer>,
     pub(crate) chat_template: Option<ChatTemplate>,
+    /// The vision tower of a vision-language model.
+    pub(crate) vision: Option<Vision>,
     /// (file name, bytes) of the tokenizer files the policy was loaded with.
     pub(crate) assets: Vec<(String, Vec<u8>)>,
     pub(crate) options: LoadOptions,
@@ -87,17 +90,23 @@ impl std::fmt::Debug for LanguageModel {
 impl LanguageModel {
     /// Loads a Hugging Face folder: `config.json`, `model.safetensors` (or shards and
     /// their index), and, where present, `tokenizer.json` and the chat template.
+    /// A vision-language folder (`qwen2_5_vl`) loads its vision tower beside the decoder.
     pub fn load(dir: &Path, options: &LoadOptions) -> Result<LanguageModel> {
-        let config = ModelConfig::from_dir(dir)?;
+        let (config, vision) = match vision::read_config(dir)? {
+            Some((config, parts)) => (config, Some(parts)),
+            None => (ModelConfig::from_dir(dir)?, None),
+        };
         let files = SafetensorsSet::open_dir(dir)?;
         let mut policy = LanguageModel::build(config, &Weights::Files(&files), options)?;
+        policy.vision = vision.map(|parts| Vision::load(parts, &files, options)).transpose()?;
         // A tensor the model has no place for means the config does not describe the file.
         let known = policy.vs.variables();
         let tied_head = |n: &str| n == "lm_head.weight" && policy.lm.config.tie_word_embeddings;
+        let tower = |n: &str| policy.vision.is_some() && Vision::owns(n);
         if let Some(extra) = files
             .names()
             .into_iter()
-            .find(|n| !known.contains_key(*n) && !tied_head(n) && !n.ends_with("rotary_emb.inv_freq"))
+            .find(|n| !known.contains_key(*n) && !tied_head(n) && !tower(n) && !n.ends_with("rotary_emb.inv_freq"))
         {
             return Err(Error::Format {
                 file: files.file_of(extra),
@@ -130,6 +139,7 @@ impl LanguageModel {
             adapters: Vec::new(),
             tokenizer: None,
             chat_template: None,
+            vision: None,
             assets: Vec::new(),
             options: *options,
         })

@@ -60,6 +60,7 @@ pub use score::{MicroBatch, MicroBatching, ScoreRequest, prompt_groups};
 pub use tokenizer::Tokenizer;
 pub use trainer::{AllReduce, DataParallel, PpoClip, StepResult, Totals, Trainer};
 pub use value_head::{VALUE_HEAD_FILE, ValueHead};
+pub use vision::PromptImages;
 pub use weights::{
     MAX_SHARD_BYTES, SafetensorsSet, WEIGHTS_FILE, WEIGHTS_INDEX_FILE, is_weight_file, read_header, shard_names,
     weights_digest, write_safetensors, write_weights,

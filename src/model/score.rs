@@ -33,12 +33,14 @@
 //! memory of one layer instead of all.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tch::{Kind, Tensor};
 
 use super::decoder::{CacheStep, CausalLm, Pass};
 use super::language_model::LanguageModel;
 use super::lora::Route;
+use super::vision::{PromptImages, RowImages};
 use super::{Error, Result, guard};
 use crate::rng::combine;
 
@@ -49,7 +51,12 @@ pub struct ScoreRequest {
     pub response_ids: Vec<i64>,
     /// The adapter to score with; the base model when `None`.
     pub adapter: Option<String>,
+    /// The images whose placeholder tokens `prompt_ids` holds, for a vision-language model.
+    pub images: Option<Arc<PromptImages>>,
 }
+
+/// What makes two requests' prompts one computation: (prompt ids, adapter, images).
+pub(crate) type PromptKey<'a> = (&'a [i64], Option<&'a str>, Option<&'a str>);
 
 /// How [`LanguageModel::backward`] splits its requests: micro-batches of at most `max_tokens`
 /// padded tokens, activations recomputed in the backward pass when `recompute`,
@@ -132,6 +139,9 @@ impl LanguageModel {
                     reason: format!("score request {i}: token id {id} is outside the vocabulary (size {vocab})"),
                 });
             }
+            if r.images.is_none() {
+                self.check_no_images(&r.prompt_ids)?;
+            }
         }
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
         let rows = rows(requests, batching.max_tokens, batching.share_prefix);
@@ -160,7 +170,6 @@ impl LanguageModel {
         loss: &mut dyn FnMut(&MicroBatch) -> Result<Option<Tensor>>,
     ) -> Result<MicroBatch> {
         let device = self.device();
-        let kind = self.kind();
         let layout = Layout::new(requests, batch, self.pad_id());
         let to_dev = |v: &[i64]| Tensor::from_slice(v).to_device(device);
         let (b, l, t) = (batch.len() as i64, layout.width as i64, layout.response_width as i64);
@@ -174,8 +183,9 @@ impl LanguageModel {
             .collect::<Result<_>>()?;
         let route = Route::new(&slots, device, training.then_some(dropout_seed));
         let input = self.ids_tensor(&layout.ids);
-        let positions = to_dev(&layout.positions).view([b, l]);
-        let (cos, sin) = self.lm.model.rotary.cos_sin(&positions, kind);
+        let (rope, images) = self.image_rows(requests, batch, &layout.positions, l)?;
+        let (cos, sin) = self.rope(&to_dev(&rope).view([3, b, l]));
+        let embed = |lm: &LanguageModel| lm.embed_with_images(&input, &images);
         let attention_mask = layout.segments.as_ref().map(|s| shared_prefix_mask(&to_dev(s).view([b, l])));
         let pass =
             Pass { cos, sin, mask: attention_mask, causal: true, cache: CacheStep::None, route: &route, packed: false };
@@ -193,15 +203,17 @@ impl LanguageModel {
             temperature: batching.temperature,
         };
         if !(batching.recompute && training) {
-            let hidden = self.lm.hidden(&input, &pass);
+            let embeddings = embed(self);
+            let hidden = self.lm.hidden_of_embeddings(embeddings, &pass);
             return rows.logprobs_and_backward(&self.lm, &hidden, indices, mask, loss);
         }
 
         // Recomputed activations. 1. No-grad forward keeping each layer's input.
+        let embeddings = embed(self);
         let lm = &mut self.lm;
         let mut inputs = Vec::with_capacity(lm.model.layers.len() + 1);
         tch::no_grad(|| {
-            let mut x = Tensor::embedding(&lm.model.embed_tokens, &input, -1, false, false);
+            let mut x = embeddings.detach();
             for layer in &mut lm.model.layers {
                 let y = layer.forward(&x, &pass);
                 inputs.push(x);
@@ -224,11 +236,37 @@ impl LanguageModel {
             grad = x.grad();
         }
         // 4. The embedding rows.
-        if lm.model.embed_tokens.requires_grad() {
-            let e = Tensor::embedding(&lm.model.embed_tokens, &input, -1, false, false);
-            (e * &grad).sum(Kind::Float).backward();
+        if embeddings.requires_grad() {
+            (embeddings * &grad).sum(Kind::Float).backward();
         }
         Ok(mb)
+    }
+
+    /// The rotary positions (3, b, L), flattened, of a micro-batch whose layout puts token
+    /// j of a row at `positions` (b·L) of its prompt and responses; and the features of
+    /// each row whose prompt holds images, at their columns (the prompt opens the row).
+    fn image_rows(
+        &self,
+        requests: &[ScoreRequest],
+        batch: &[&Row],
+        positions: &[i64],
+        l: i64,
+    ) -> Result<(Vec<i64>, Vec<RowImages>)> {
+        let mut axes: [Vec<i64>; 3] = std::array::from_fn(|_| positions.to_vec());
+        let mut features = Vec::new();
+        for (b, row) in batch.iter().enumerate() {
+            let request = &requests[row.members[0]];
+            let Some(images) = &request.images else { continue };
+            let prompt = self.image_prompt(&request.prompt_ids, images)?;
+            let span = b * l as usize..(b + 1) * l as usize;
+            for (axis, all) in axes.iter_mut().enumerate() {
+                for p in &mut all[span.clone()] {
+                    *p = prompt.position(axis, *p as usize);
+                }
+            }
+            features.push(prompt.features_in(b as i64, 0, request.prompt_ids.len()));
+        }
+        Ok((axes.concat(), features))
     }
 
     /// Logits of every position of each sequence, (len_i, V) float32, computed in one
@@ -426,13 +464,14 @@ fn rows(requests: &[ScoreRequest], max_tokens: usize, share: bool) -> Vec<Row> {
     rows
 }
 
-/// The requests by prompt and adapter: indices of the requests that can share a row, in
+/// The requests by prompt, adapter and images: indices of the requests that can share a row, in
 /// order of first appearance.
 pub fn prompt_groups(requests: &[ScoreRequest]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut by_prompt: HashMap<(&[i64], Option<&str>), usize> = HashMap::new();
+    let mut by_prompt: HashMap<PromptKey, usize> = HashMap::new();
     for (i, r) in requests.iter().enumerate() {
-        let g = *by_prompt.entry((&r.prompt_ids, r.adapter.as_deref())).or_insert_with(|| {
+        let images = r.images.as_ref().map(|i| i.key.as_str());
+        let g = *by_prompt.entry((&r.prompt_ids, r.adapter.as_deref(), images)).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1
         });
@@ -557,7 +596,7 @@ mod tests {
     use super::*;
 
     fn req(p: usize, r: usize) -> ScoreRequest {
-        ScoreRequest { prompt_ids: vec![1; p], response_ids: vec![2; r], adapter: None }
+        ScoreRequest { prompt_ids: vec![1; p], response_ids: vec![2; r], adapter: None, images: None }
     }
 
     #[test]
@@ -587,9 +626,9 @@ mod tests {
     #[test]
     fn a_shared_row_places_each_response_after_the_prompt() {
         let reqs = vec![
-            ScoreRequest { prompt_ids: vec![10, 11, 12], response_ids: vec![20, 21], adapter: None },
-            ScoreRequest { prompt_ids: vec![10, 11, 12], response_ids: vec![30, 31, 32], adapter: None },
-            ScoreRequest { prompt_ids: vec![40], response_ids: vec![41], adapter: None },
+            ScoreRequest { prompt_ids: vec![10, 11, 12], response_ids: vec![20, 21], adapter: None, images: None },
+            ScoreRequest { prompt_ids: vec![10, 11, 12], response_ids: vec![30, 31, 32], adapter: None, images: None },
+            ScoreRequest { prompt_ids: vec![40], response_ids: vec![41], adapter: None, images: None },
         ];
         let all = rows(&reqs, 100, true);
         let layout = Layout::new(&reqs, &[&all[0], &all[1]], 0);

@@ -629,8 +629,9 @@ mod tests {
         assert_eq!((ids[0], ids[ids.len() - 5], ids[ids.len() - 3]), (1, 2, 1), "{text:?}");
         let settings =
             model::GenerationSettings::new(model::Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, 6);
-        let requests: Vec<model::GenerationRequest> =
-            (0..2).map(|seed| model::GenerationRequest { prompt_ids: ids.clone(), seed, adapter: None }).collect();
+        let requests: Vec<model::GenerationRequest> = (0..2)
+            .map(|seed| model::GenerationRequest { prompt_ids: ids.clone(), seed, adapter: None, images: None })
+            .collect();
         let generations = policy.generate(&requests, &settings).unwrap();
         for g in &generations {
             assert!(!g.token_ids.is_empty() && g.token_ids.len() <= 6, "{g:?}");
@@ -657,7 +658,7 @@ mod tests {
                 let (_, prompt_ids) = policy.encode_chat(&chat(&d.prompt), &options).unwrap();
                 let mut response_ids = tokenizer.encode(&d.response, false).unwrap();
                 response_ids.push(2);
-                model::ScoreRequest { prompt_ids, response_ids, adapter: None }
+                model::ScoreRequest { prompt_ids, response_ids, adapter: None, images: None }
             })
             .collect();
         assert_eq!(requests.len(), 64);

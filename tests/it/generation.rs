@@ -54,8 +54,9 @@ fn assert_same(a: &[Generation], b: &[Generation]) {
 fn a_batch_far_over_the_budget_runs_in_bounded_memory_with_the_tokens_of_one_batch() {
     let mut policy = llama();
     let settings = GenerationSettings { sampling: Sampling::Greedy, ..sampled(10) };
-    let requests: Vec<GenerationRequest> =
-        (0..24).map(|i| GenerationRequest { prompt_ids: prompt(i), seed: i as u64, adapter: None }).collect();
+    let requests: Vec<GenerationRequest> = (0..24)
+        .map(|i| GenerationRequest { prompt_ids: prompt(i), seed: i as u64, adapter: None, images: None })
+        .collect();
     let longest = requests.iter().map(|r| r.prompt_ids.len()).max().unwrap();
     let (one_batch, wide) = generate(&mut policy, &requests, &settings);
     assert_eq!(wide.slots, 24);
@@ -81,7 +82,12 @@ fn branches_sampled_from_one_shared_prefill_match_separate_prefills() {
     for settings in [sampled(12), GenerationSettings { sampling: Sampling::Greedy, ..sampled(12) }] {
         // Two nodes of K = 4 branches each, interleaved as a rollout sends them.
         let requests: Vec<GenerationRequest> = (0..8)
-            .map(|i| GenerationRequest { prompt_ids: prompt(3 + i % 2), seed: 100 + i as u64, adapter: None })
+            .map(|i| GenerationRequest {
+                prompt_ids: prompt(3 + i % 2),
+                seed: 100 + i as u64,
+                adapter: None,
+                images: None,
+            })
             .collect();
         let (shared, stats) = generate(&mut policy, &requests, &settings);
         assert_eq!((stats.shared_prefills, stats.prefill_tokens), (6, prompt(3).len() + prompt(4).len()));
@@ -115,7 +121,7 @@ fn prompts_that_share_prefixes_compute_them_once_with_what_each_prompt_gets_alon
         let requests: Vec<GenerationRequest> = prompts
             .iter()
             .enumerate()
-            .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), seed: 7 + i as u64, adapter: None })
+            .map(|(i, p)| GenerationRequest { prompt_ids: p.clone(), seed: 7 + i as u64, adapter: None, images: None })
             .collect();
         let (shared, stats) = generate(&mut policy, &requests, &settings);
         // The system text once; the first task once but for its last token, which each of
@@ -133,8 +139,9 @@ fn continuous_batching_gives_the_per_row_results_of_static_batching() {
     let mut policy = llama();
     // Common tokens as EOS, so that rows finish at different steps and free their slots.
     let settings = GenerationSettings { eos_token_ids: Some((5..25).collect()), ..sampled(16) };
-    let requests: Vec<GenerationRequest> =
-        (0..20).map(|i| GenerationRequest { prompt_ids: prompt(i % 7), seed: i as u64, adapter: None }).collect();
+    let requests: Vec<GenerationRequest> = (0..20)
+        .map(|i| GenerationRequest { prompt_ids: prompt(i % 7), seed: i as u64, adapter: None, images: None })
+        .collect();
     let (mut heard, mut told) = (Vec::new(), 0);
     let (static_batch, one) = policy
         .generate_watched(&requests, &settings, &mut |index, tokens, last| {
@@ -165,7 +172,7 @@ fn branches_outlive_the_row_whose_prompt_columns_they_read() {
     let mut policy = llama();
     // Common tokens as EOS, so that a row's length depends on its seed.
     let settings = GenerationSettings { eos_token_ids: Some((5..45).collect()), ..sampled(16) };
-    let request = |p: usize, seed: u64| GenerationRequest { prompt_ids: prompt(p), seed, adapter: None };
+    let request = |p: usize, seed: u64| GenerationRequest { prompt_ids: prompt(p), seed, adapter: None, images: None };
     let alone = |policy: &mut LanguageModel, r: &GenerationRequest| {
         policy.generate(std::slice::from_ref(r), &settings).unwrap()
     };

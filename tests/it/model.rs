@@ -69,7 +69,7 @@ fn greedy_16() -> GenerationSettings {
 }
 
 fn score_request(case: &Case) -> ScoreRequest {
-    ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids: case.greedy.clone(), adapter: None }
+    ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids: case.greedy.clone(), adapter: None, images: None }
 }
 
 /// Mean token cross-entropy of each request's response and ‖∇‖₂ over all base weights.
@@ -109,7 +109,8 @@ fn fixtures_match_transformers_one_prompt_at_a_time() {
             let err = max_abs_diff(&logits[0], &case.logits);
             assert!(err <= 1e-4, "{what}: logits max abs error {err}");
             // Greedy continuation and its logprobs.
-            let request = GenerationRequest { prompt_ids: case.input_ids.clone(), seed: 0, adapter: None };
+            let request =
+                GenerationRequest { prompt_ids: case.input_ids.clone(), seed: 0, adapter: None, images: None };
             let out = policy.generate(&[request], &greedy_16()).unwrap();
             assert_eq!(out[0].token_ids, case.greedy, "{what}: greedy continuation");
             for (j, (got, want)) in out[0].logprobs.iter().zip(&case.logprobs).enumerate() {
@@ -153,8 +154,10 @@ fn fixtures_match_transformers_batched_with_left_padding() {
             assert!(err <= 1e-4, "{family} case {i}: batched logits max abs error {err}");
         }
         // Greedy continuations in one batch.
-        let requests: Vec<GenerationRequest> =
-            prompts.iter().map(|p| GenerationRequest { prompt_ids: p.clone(), seed: 0, adapter: None }).collect();
+        let requests: Vec<GenerationRequest> = prompts
+            .iter()
+            .map(|p| GenerationRequest { prompt_ids: p.clone(), seed: 0, adapter: None, images: None })
+            .collect();
         let out = policy.generate(&requests, &greedy_16()).unwrap();
         for (i, case) in cases.iter().enumerate() {
             assert_eq!(out[i].token_ids, case.greedy, "{family} case {i}: batched greedy");
@@ -383,6 +386,7 @@ fn a_fresh_lora_adapter_leaves_logits_unchanged_and_training_changes_only_adapte
             prompt_ids: c.input_ids.clone(),
             response_ids: c.greedy.clone(),
             adapter: Some("planner".into()),
+            images: None,
         })
         .collect();
     let mut losses = Vec::new();
@@ -487,6 +491,7 @@ fn a_shared_prompt_forwarded_once_gives_the_logprobs_and_gradients_of_separate_r
                     prompt_ids: case.input_ids.clone(),
                     response_ids: response,
                     adapter: None,
+                    images: None,
                 });
             }
         }
@@ -544,8 +549,12 @@ fn a_sequences_sample_does_not_depend_on_its_batch_mates() {
         eos_token_ids: Some(Vec::new()),
         ..GenerationSettings::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, 12)
     };
-    let request =
-        |i: usize, seed: u64| GenerationRequest { prompt_ids: cases[i].input_ids.clone(), seed, adapter: None };
+    let request = |i: usize, seed: u64| GenerationRequest {
+        prompt_ids: cases[i].input_ids.clone(),
+        seed,
+        adapter: None,
+        images: None,
+    };
     let alone = policy.generate(&[request(1, 42)], &settings).unwrap();
     let batched = policy.generate(&[request(0, 1), request(1, 42), request(2, 3)], &settings).unwrap();
     assert_eq!(alone[0].token_ids, batched[1].token_ids);
@@ -558,6 +567,7 @@ fn a_sequences_sample_does_not_depend_on_its_batch_mates() {
                 prompt_ids: cases[1].input_ids.clone(),
                 response_ids: alone[0].token_ids.clone(),
                 adapter: None,
+                images: None,
             }],
             1024,
         )
@@ -650,7 +660,7 @@ fn imported_smollm2_says_the_capital_of_france_is_paris() {
         policy.encode_chat(&messages, &TemplateOptions { add_generation_prompt: true, ..Default::default() }).unwrap();
     assert!(text.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"), "{text}");
     assert_eq!(ids[0], 1, "<|im_start|> is one special token");
-    let request = GenerationRequest { prompt_ids: ids, seed: 0, adapter: None };
+    let request = GenerationRequest { prompt_ids: ids, seed: 0, adapter: None, images: None };
     let out = policy.generate(&[request], &GenerationSettings::new(Sampling::Greedy, 24)).unwrap();
     assert_eq!(out[0].text.trim(), "The capital of France is Paris.", "{:?}", out[0]);
     assert_eq!(out[0].finish_reason, petting::model::FinishReason::Eos);
@@ -811,8 +821,9 @@ fn sampled_and_trained_logprobs_are_those_of_the_tempered_distribution() {
         ..GenerationSettings::new(Sampling::Sample { temperature: 0.7, top_k: 0, top_p: 1.0 }, 1)
     };
     let (tempered, raw) = (transformers_logprobs(case, 0.7), transformers_logprobs(case, 1.0));
-    let requests: Vec<GenerationRequest> =
-        (0..16).map(|seed| GenerationRequest { prompt_ids: case.input_ids.clone(), seed, adapter: None }).collect();
+    let requests: Vec<GenerationRequest> = (0..16)
+        .map(|seed| GenerationRequest { prompt_ids: case.input_ids.clone(), seed, adapter: None, images: None })
+        .collect();
     let sampled = policy.generate(&requests, &settings).unwrap();
     let mut moved = 0.0f64;
     for generation in &sampled {
@@ -821,7 +832,8 @@ fn sampled_and_trained_logprobs_are_those_of_the_tempered_distribution() {
         let got = f64::from(generation.logprobs[0]);
         assert!((got - want).abs() < 1e-4, "token {token}: sampled logprob {got}, transformers at T=0.7 {want}");
         // The trainer scores with the same temperature.
-        let request = ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids: vec![token], adapter: None };
+        let request =
+            ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids: vec![token], adapter: None, images: None };
         let batching = MicroBatching { temperature: 0.7, ..MicroBatching::new(4096, false) };
         let scored = f64::from(policy.score_batched(&[request], &batching).unwrap()[0][0]);
         assert!((scored - want).abs() < 1e-4, "token {token}: trainer's logprob {scored} vs {want}");
@@ -841,7 +853,12 @@ fn two_responses(case: &Case) -> Vec<ScoreRequest> {
     let other: Vec<i64> = case.greedy.iter().take(6).map(|&t| (t + 7) % 256).collect();
     [case.greedy[..6].to_vec(), other]
         .into_iter()
-        .map(|response_ids| ScoreRequest { prompt_ids: case.input_ids.clone(), response_ids, adapter: None })
+        .map(|response_ids| ScoreRequest {
+            prompt_ids: case.input_ids.clone(),
+            response_ids,
+            adapter: None,
+            images: None,
+        })
         .collect()
 }
 

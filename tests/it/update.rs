@@ -130,6 +130,7 @@ fn turn_rows(loaded: &mut LoadedPolicies, config: &RunConfig, iteration: u32) ->
                 prompt_ids: rows[i].prompt_tokens.iter().map(|&t| i64::from(t)).collect(),
                 response_ids: rows[i].response_tokens.iter().map(|&t| i64::from(t)).collect(),
                 adapter: adapter.map(str::to_owned),
+                images: None,
             })
             .collect();
         let scored = policy.score(&requests, 4096).unwrap();
@@ -442,7 +443,7 @@ fn a_sharded_base_trains_a_lora_adapter() {
     let base_files = v0.files.iter().filter(|f| f.path.starts_with("checkpoints/plan_p/base.")).count();
     assert!(base_files >= 6, "the index and every shard are committed ({base_files})");
     // The sharded base scores as the single file does.
-    let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
+    let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None, images: None };
     let mut direct = LanguageModel::load(&fixture(), &LoadOptions::default()).unwrap();
     let mut loaded = block_on(policies::load(&run.store, &run.config.policies, "plan_p", 0)).unwrap();
     let (policy, adapter) = loaded.model("plan_p").unwrap();
@@ -713,7 +714,7 @@ fn checkpoints_of_a_non_local_run_load_through_the_cache() {
         RunStore::from_object_store(std::sync::Arc::new(object_store::memory::InMemory::new()), "r", "memory://r");
     let v0 = block_on(update::initialise(&store, &config, &Quiet)).unwrap();
     let mut direct = LanguageModel::load(&fixture(), &LoadOptions::default()).unwrap();
-    let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None };
+    let request = ScoreRequest { prompt_ids: vec![5, 6, 7], response_ids: vec![8, 9], adapter: None, images: None };
     let expected = direct.score(std::slice::from_ref(&request), 64).unwrap();
     for name in ["tool_p", "plan_p"] {
         let mut loaded = block_on(policies::load(&store, &config.policies, name, 0)).unwrap();
@@ -838,7 +839,7 @@ fn mean_nll(policy: &mut LanguageModel, demos: &[DemonstrationRow]) -> f64 {
             let (_, prompt_ids) = policy.encode_chat(&[ChatMessage::new("user", &d.prompt)], &options).unwrap();
             let mut response_ids = policy.require_tokenizer().unwrap().encode(&d.response, false).unwrap();
             response_ids.push(eos);
-            ScoreRequest { prompt_ids, response_ids, adapter: None }
+            ScoreRequest { prompt_ids, response_ids, adapter: None, images: None }
         })
         .collect();
     let scored = policy.score(&requests, 4096).unwrap();

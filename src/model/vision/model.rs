@@ -1,91 +1,376 @@
-//! A vision-language checkpoint (Qwen2.5-VL) in tch: its language model, a Qwen2
-//! decoder whose rotary positions are M-RoPE's (temporal, row, column), and its vision
-//! tower, whose features replace the image tokens of a prompt.
+//! The vision part of a vision-language policy (Qwen2.5-VL): its tower, whose features
+//! replace a prompt's image tokens, and the M-RoPE positions (temporal, row, column) its
+//! language model — a Qwen2 decoder otherwise — turns queries and keys by.
+//!
+//! A prompt's image tokens and positions are checked against its images once, when a
+//! request comes in ([`ImagePrompt`]); the sampler and the scorer then read the same
+//! features and positions, so an image never expands differently in one than the other.
 
 use std::path::Path;
 
 use serde_json::Value;
-use tch::nn::VarStore;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::super::config::ModelConfig;
-use super::super::decoder::{CacheStep, CausalLm, Pass};
+use super::super::decoder::{CacheStep, Pass};
+use super::super::language_model::LanguageModel;
 use super::super::lora::Route;
-use super::super::weights::{SafetensorsSet, Weights};
-use super::super::{Error, LoadOptions};
+use super::super::weights::SafetensorsSet;
+use super::super::{Error, LoadOptions, Result};
 use super::layout::{self, Grid};
 use super::qwen2_5_vl::{VisionConfig, VisionTower};
 
-/// A Qwen2.5-VL checkpoint loaded from a Hugging Face folder.
-pub struct VisionLanguageModel {
-    lm: CausalLm,
-    /// Owns the language model's tensors.
-    _vs: VarStore,
+/// What a `config.json` says of a vision-language model beyond its language model.
+pub(crate) struct VisionParts {
+    /// The whole `config.json`, which a saved checkpoint writes back.
+    raw: Value,
+    config: VisionConfig,
+    image_token: i64,
+    mrope_section: Vec<i64>,
+}
+
+/// The vision tower of a loaded policy and how its language model places images.
+pub(crate) struct Vision {
+    raw: Value,
     tower: VisionTower,
     image_token: i64,
     mrope_section: Vec<i64>,
 }
 
-impl VisionLanguageModel {
-    /// `dir/config.json` (model_type qwen2_5_vl) and its weights.
-    pub fn load(dir: &Path, options: &LoadOptions) -> Result<VisionLanguageModel, Error> {
-        let file = dir.join("config.json");
-        let bad = |reason: String| Error::Config { file: file.clone(), reason };
-        let text = std::fs::read_to_string(&file).map_err(|source| Error::io(&file, source))?;
-        let raw: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        if raw["model_type"] != "qwen2_5_vl" {
-            return Err(bad(format!("model_type {} is not a vision-language model (qwen2_5_vl)", raw["model_type"])));
+/// A `qwen2_5_vl` folder's language-model config and vision parts; `None` for any other
+/// model type (a text model, read as before).
+pub(crate) fn read_config(dir: &Path) -> Result<Option<(ModelConfig, VisionParts)>> {
+    let file = dir.join("config.json");
+    let bad = |reason: String| Error::Config { file: file.clone(), reason };
+    let text = std::fs::read_to_string(&file).map_err(|source| Error::io(&file, source))?;
+    let raw: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    if raw["model_type"] != "qwen2_5_vl" {
+        return Ok(None);
+    }
+    let mut text_config = raw["text_config"].clone();
+    let mrope_section: Vec<i64> = serde_json::from_value(text_config["rope_parameters"]["mrope_section"].clone())
+        .map_err(|e| bad(format!("text_config.rope_parameters.mrope_section: {e}")))?;
+    // The language model is a Qwen2 decoder; only its positions differ.
+    text_config["model_type"] = "qwen2".into();
+    let mut config = ModelConfig::from_json(&text_config.to_string()).map_err(|e| bad(format!("text_config: {e}")))?;
+    config.add_generation_eos(dir)?;
+    if mrope_section.iter().sum::<i64>() * 2 != config.head_dim as i64 {
+        return Err(bad(format!(
+            "mrope_section {mrope_section:?} does not sum to half the head dim {}",
+            config.head_dim
+        )));
+    }
+    let vision: VisionConfig =
+        serde_json::from_value(raw["vision_config"].clone()).map_err(|e| bad(format!("vision_config: {e}")))?;
+    let image_token = raw["image_token_id"].as_i64().ok_or_else(|| bad("missing key `image_token_id`".into()))?;
+    Ok(Some((config, VisionParts { raw, config: vision, image_token, mrope_section })))
+}
+
+impl Vision {
+    pub(crate) fn load(parts: VisionParts, files: &SafetensorsSet, options: &LoadOptions) -> Result<Vision> {
+        let tower = VisionTower::load(parts.config, files, options.kind(), options.tch_device())?;
+        Ok(Vision { raw: parts.raw, tower, image_token: parts.image_token, mrope_section: parts.mrope_section })
+    }
+
+    /// What a saved checkpoint writes beside the language model's tensors: the whole
+    /// `config.json` and the tower's tensors.
+    pub(crate) fn checkpoint_parts(&self) -> (&Value, &[(String, Tensor)]) {
+        (&self.raw, self.tower.named_tensors())
+    }
+
+    /// Whether a checkpoint tensor is the tower's (the language model's check skips it).
+    pub(crate) fn owns(name: &str) -> bool {
+        name.starts_with("visual.")
+    }
+}
+
+/// The images of one prompt, as the image processor makes them: every image's patches
+/// and its patch grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptImages {
+    /// Names the images (their digests): prompts share prefill work only with the same key.
+    pub key: String,
+    /// (patches, patch values), row-major, image after image.
+    pub pixel_values: Vec<f32>,
+    pub grids: Vec<Grid>,
+}
+
+impl PromptImages {
+    fn pixel_tensor(&self, device: Device) -> Tensor {
+        let patches: usize = self.grids.iter().map(Grid::patches).sum();
+        Tensor::from_slice(&self.pixel_values).to_device(device).view([patches as i64, -1])
+    }
+}
+
+/// Image features to put in row `row` of a batch, at columns `offsets`.
+pub(crate) struct RowImages {
+    pub(crate) row: i64,
+    pub(crate) offsets: Vec<i64>,
+    pub(crate) features: Tensor,
+}
+
+/// A prompt's images as its language model sees them, settled once per request.
+#[derive(Debug)]
+pub(crate) struct ImagePrompt {
+    /// (image tokens, E): the tower's features, in the order the prompt's image tokens come.
+    features: Tensor,
+    /// Which prompt tokens are image tokens.
+    is_image: Vec<bool>,
+    /// M-RoPE positions of every prompt token.
+    positions: [Vec<i64>; 3],
+    /// What a generated token's position adds to its column: images take fewer positions
+    /// than tokens, so text after them counts on from the largest position.
+    delta: i64,
+}
+
+impl ImagePrompt {
+    /// Positions of tokens `start..start + len` on each axis; past the prompt's end (the
+    /// padding of a prefill row) they count on as generated tokens do.
+    pub(crate) fn positions(&self, start: usize, len: usize) -> [Vec<i64>; 3] {
+        std::array::from_fn(|axis| (start..start + len).map(|i| self.position(axis, i)).collect())
+    }
+
+    /// Token i's position on `axis`: the prompt's own, or after it as generated tokens.
+    pub(crate) fn position(&self, axis: usize, i: usize) -> i64 {
+        self.positions[axis].get(i).copied().unwrap_or(i as i64 + self.delta)
+    }
+
+    pub(crate) fn delta(&self) -> i64 {
+        self.delta
+    }
+
+    /// The image tokens among prompt tokens `start..end`, as batch row `row` holds them
+    /// from column 0: their columns and features.
+    pub(crate) fn features_in(&self, row: i64, start: usize, end: usize) -> RowImages {
+        let before = self.is_image[..start].iter().filter(|&&b| b).count() as i64;
+        let offsets: Vec<i64> = (start..end).filter(|&i| self.is_image[i]).map(|i| (i - start) as i64).collect();
+        let features = self.features.narrow(0, before, offsets.len() as i64);
+        RowImages { row, offsets, features }
+    }
+}
+
+impl LanguageModel {
+    /// The token each image block expands into, for a vision-language model.
+    pub fn image_token(&self) -> Option<i64> {
+        self.vision.as_ref().map(|v| v.image_token)
+    }
+
+    /// Refuses a prompt of a vision-language model that holds image tokens but comes
+    /// without its images: embedded as text, it would be silently another prompt.
+    pub(crate) fn check_no_images(&self, ids: &[i64]) -> Result<()> {
+        let Some(token) = self.image_token() else { return Ok(()) };
+        match ids.iter().filter(|&&id| id == token).count() {
+            0 => Ok(()),
+            n => Err(Error::Request { reason: format!("a prompt holds {n} image tokens ({token}) but no images") }),
         }
-        let mut text_config = raw["text_config"].clone();
-        let mrope_section: Vec<i64> = serde_json::from_value(text_config["rope_parameters"]["mrope_section"].clone())
-            .map_err(|e| bad(format!("text_config.rope_parameters.mrope_section: {e}")))?;
-        // The language model is a Qwen2 decoder; only its positions differ.
-        text_config["model_type"] = "qwen2".into();
-        let config = ModelConfig::from_json(&text_config.to_string()).map_err(|e| bad(format!("text_config: {e}")))?;
-        if mrope_section.iter().sum::<i64>() * 2 != config.head_dim as i64 {
-            return Err(bad(format!(
-                "mrope_section {mrope_section:?} does not sum to half the head dim {}",
-                config.head_dim
-            )));
+    }
+
+    /// Checks that `ids` expands `images` exactly (one run of image tokens per image, as
+    /// long as its merged grid) and computes their features and positions.
+    pub(crate) fn image_prompt(&self, ids: &[i64], images: &PromptImages) -> Result<ImagePrompt> {
+        let vision = self.vision.as_ref().ok_or_else(|| Error::Request {
+            reason: format!("a prompt holds images ({}), but the model has no vision tower", images.key),
+        })?;
+        let merge = vision.tower.config().spatial_merge_size;
+        let positions = layout::rope_positions(ids, vision.image_token, &images.grids, merge)
+            .map_err(|reason| Error::Request { reason: format!("images {}: {reason}", images.key) })?;
+        let features = vision.tower.forward(&images.pixel_tensor(self.device()), &images.grids)?;
+        let next = positions.iter().filter_map(|p| p.last()).max().map_or(0, |&p| p + 1);
+        Ok(ImagePrompt {
+            features: features.to_kind(self.kind()),
+            is_image: ids.iter().map(|&id| id == vision.image_token).collect(),
+            positions,
+            delta: next - ids.len() as i64,
+        })
+    }
+
+    /// cos and sin of rotary positions (3, B, L): M-RoPE's sections for a
+    /// vision-language model; a text model's positions are the first axis.
+    pub(crate) fn rope(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let rotary = &self.lm.model.rotary;
+        match &self.vision {
+            Some(vision) => rotary.cos_sin_mrope(positions, &vision.mrope_section, self.kind()),
+            None => rotary.cos_sin(&positions.get(0), self.kind()),
         }
-        let vision: VisionConfig =
-            serde_json::from_value(raw["vision_config"].clone()).map_err(|e| bad(format!("vision_config: {e}")))?;
-        let image_token = raw["image_token_id"].as_i64().ok_or_else(|| bad("missing key `image_token_id`".into()))?;
-        let files = SafetensorsSet::open_dir(dir)?;
-        let mut vs = VarStore::new(options.tch_device());
-        vs.set_kind(options.kind());
-        let lm = CausalLm::new(vs.root(), &config, &Weights::Files(&files))?;
-        let tower = VisionTower::load(vision, &files, options.kind(), options.tch_device())?;
-        Ok(VisionLanguageModel { lm, _vs: vs, tower, image_token, mrope_section })
     }
 
-    /// The id an image expands into, one per merge block of its patches.
-    pub fn image_token(&self) -> i64 {
-        self.image_token
+    /// Token embeddings of `ids` (B, L), with `images`' features in their rows and columns.
+    pub(crate) fn embed_with_images(&self, ids: &Tensor, images: &[RowImages]) -> Tensor {
+        let mut x = self.lm.embed(ids);
+        for image in images.iter().filter(|i| !i.offsets.is_empty()) {
+            let columns = Tensor::from_slice(&image.offsets).to_device(x.device());
+            let rows = Tensor::full([image.offsets.len() as i64], image.row, (Kind::Int64, x.device()));
+            let _ = x.index_put_(&[Some(rows), Some(columns)], &image.features, false);
+        }
+        x
     }
 
-    pub fn tower(&self) -> &VisionTower {
-        &self.tower
-    }
-
-    /// Logits (L, V), float32, of every position of a whole prompt (no cache): each run
-    /// of image tokens is the next image of `grids` (its patches in `pixel_values`, image
-    /// after image), replaced by its features, every token at its M-RoPE position.
-    pub fn prompt_logits(&mut self, ids: &[i64], pixel_values: &Tensor, grids: &[Grid]) -> Result<Tensor, Error> {
-        let merge = self.tower.config().spatial_merge_size;
-        let positions =
-            layout::rope_positions(ids, self.image_token, grids, merge).map_err(|reason| Error::Request { reason })?;
-        let features = self.tower.forward(pixel_values, grids)?;
-        let device = features.device();
-        let ids = Tensor::from_slice(ids).to_device(device).unsqueeze(0);
-        let embeddings = self.lm.embed(&ids);
-        let images = ids.eq(self.image_token).unsqueeze(-1).expand_as(&embeddings);
-        let embeddings = embeddings.masked_scatter(&images, &features.to_kind(embeddings.kind()));
-        let positions = Tensor::from_slice(&positions.concat()).to_device(device).reshape([3, 1, -1]);
-        let (cos, sin) = self.lm.model.rotary.cos_sin_mrope(&positions, &self.mrope_section, embeddings.kind());
+    /// Logits (L, V), float32, of every position of a whole prompt holding `images`,
+    /// without a cache.
+    pub fn image_prompt_logits(&mut self, ids: &[i64], images: &PromptImages) -> Result<Tensor> {
+        let prompt = self.image_prompt(ids, images)?;
+        let device = self.device();
+        let embeddings = self.embed_with_images(&ids_row(ids, device), &[prompt.features_in(0, 0, ids.len())]);
+        let positions = prompt.positions(0, ids.len()).concat();
+        let (cos, sin) = self.rope(&Tensor::from_slice(&positions).to_device(device).reshape([3, 1, -1]));
         let route = Route::new(&[None], device, None);
         let pass = Pass { cos, sin, mask: None, causal: true, cache: CacheStep::None, route: &route, packed: false };
         let hidden = self.lm.hidden_of_embeddings(embeddings, &pass);
         Ok(self.lm.head(&hidden.squeeze_dim(0)).to_kind(Kind::Float))
+    }
+}
+
+fn ids_row(ids: &[i64], device: Device) -> Tensor {
+    Tensor::from_slice(ids).to_device(device).unsqueeze(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tch::Kind;
+    use tch::nn::OptimizerConfig;
+
+    use super::super::fixture::{grids, images, policy, reference};
+    use crate::model::{
+        GenerationRequest, GenerationSettings, LanguageModel, LoadOptions, LoraConfig, MicroBatching, PromptImages,
+        Sampling, SaveAs, ScoreRequest,
+    };
+
+    #[test]
+    fn a_prompt_with_two_images_gets_transformers_logits() {
+        let mut model = policy();
+        let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
+        let logits = tch::no_grad(|| model.image_prompt_logits(&ids, &images())).unwrap();
+        let expected = reference("logits");
+        let (gap, scale) =
+            ((&logits - &expected).abs().max().double_value(&[]), expected.abs().max().double_value(&[]));
+        assert!(gap < 1e-5 * scale, "largest gap to transformers' logits: {gap} (largest logit {scale})");
+        // One image token short: an error naming the image, not a silently shifted prompt.
+        let first = ids.iter().position(|&id| Some(id) == model.image_token()).unwrap();
+        let short = [&ids[..first], &ids[first + 1..]].concat();
+        let error = model.image_prompt_logits(&short, &images()).unwrap_err();
+        assert!(error.to_string().contains("expands into 15 tokens, but the prompt holds 14"), "{error}");
+    }
+
+    #[test]
+    fn the_sampler_continues_a_prompt_with_images_as_transformers_greedy_does() {
+        let mut model = policy();
+        let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
+        let expected = Vec::<i64>::try_from(reference("greedy_ids")).unwrap();
+        let with_images =
+            |seed| GenerationRequest { prompt_ids: ids.clone(), seed, adapter: None, images: Some(images()) };
+        // Two branches of the image prompt (one prefill, its cache copied), beside a
+        // text-only prompt of other length in the same batch.
+        let text = GenerationRequest { prompt_ids: vec![5, 17, 33, 40], seed: 0, adapter: None, images: None };
+        let mut settings = GenerationSettings::new(Sampling::Greedy, expected.len());
+        settings.eos_token_ids = Some(vec![]);
+        let out = model.generate(&[with_images(0), text.clone(), with_images(1)], &settings).unwrap();
+        assert_eq!(out[0].token_ids, expected, "greedy ids after the images");
+        assert_eq!(out[2].token_ids, expected);
+        // Each sampled token's logprob is what a whole forward over prompt and reply gives
+        // it: the cache and the positions after the images (the prompt's delta) agree.
+        let whole = [ids.clone(), expected.clone()].concat();
+        let logits = tch::no_grad(|| model.image_prompt_logits(&whole[..whole.len() - 1], &images())).unwrap();
+        let logprobs = logits.narrow(0, ids.len() as i64 - 1, expected.len() as i64).log_softmax(-1, Kind::Float);
+        for (step, (&token, &sampled)) in expected.iter().zip(&out[0].logprobs).enumerate() {
+            let whole = logprobs.double_value(&[step as i64, token]);
+            assert!((whole - f64::from(sampled)).abs() < 1e-4, "step {step}: sampled {sampled}, whole {whole}");
+        }
+        // The text prompt is continued as if alone.
+        let alone = model.generate(&[text], &settings).unwrap();
+        assert_eq!(out[1].token_ids, alone[0].token_ids);
+        // The same ids without their images are refused, not read as text.
+        let mut blind = with_images(0);
+        let first: Vec<f32> = Vec::try_from(reference("pixel_values").narrow(0, 0, 60).reshape([-1])).unwrap();
+        blind.images =
+            Some(Arc::new(PromptImages { key: "one".into(), pixel_values: first, grids: grids()[..1].to_vec() }));
+        let error = model.generate(&[blind], &settings).unwrap_err();
+        assert!(error.to_string().contains("the prompt holds more images than the 1 given"), "{error}");
+        let error = model.generate(&[GenerationRequest { images: None, ..with_images(0) }], &settings).unwrap_err();
+        assert!(error.to_string().contains("image tokens (250) but no images"), "{error}");
+    }
+
+    #[test]
+    fn the_trainer_scores_sampled_replies_to_a_prompt_with_images_as_the_sampler_drew_them() {
+        let mut model = policy();
+        let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
+        let sampling = Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 };
+        let mut settings = GenerationSettings::new(sampling, 6);
+        settings.eos_token_ids = Some(vec![]);
+        let request = |seed| GenerationRequest { prompt_ids: ids.clone(), seed, adapter: None, images: Some(images()) };
+        let sampled = model.generate(&[request(0), request(1), request(2)], &settings).unwrap();
+        let requests: Vec<ScoreRequest> = sampled
+            .iter()
+            .map(|g| ScoreRequest {
+                prompt_ids: ids.clone(),
+                response_ids: g.token_ids.clone(),
+                adapter: None,
+                images: Some(images()),
+            })
+            .collect();
+        // Shared prompt rows or one row each, activations kept or recomputed: the
+        // trainer's logprobs are the sampler's.
+        for (share_prefix, recompute) in [(true, false), (false, true)] {
+            let batching = MicroBatching { share_prefix, ..MicroBatching::new(4096, recompute) };
+            let scored = model.backward(&requests, &batching, 0, &mut |mb| Ok(mb.logprobs.sum(Kind::Float) * 0.0));
+            for (g, scored) in sampled.iter().zip(scored.unwrap()) {
+                for (step, (s, t)) in g.logprobs.iter().zip(&scored).enumerate() {
+                    assert!((s - t).abs() < 1e-4, "share {share_prefix}, step {step}: sampled {s}, scored {t}");
+                }
+            }
+        }
+        // Scored without its images, the same ids are refused.
+        let blind = ScoreRequest { images: None, ..requests[0].clone() };
+        let other = ScoreRequest { images: Some(images()), ..blind.clone() };
+        assert!(model.score(&[other], 4096).is_ok());
+        let error = model.score(&[blind], 4096).unwrap_err();
+        assert!(error.to_string().contains("holds 23 image tokens (250) but no images"), "{error}");
+    }
+
+    #[test]
+    fn a_lora_adapter_trains_the_language_model_and_a_saved_model_keeps_its_tower() {
+        let mut model = policy();
+        let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
+        let before = tch::no_grad(|| model.image_prompt_logits(&ids, &images())).unwrap();
+        model.add_adapter("a", &LoraConfig { rank: 4, ..LoraConfig::default() }, 3).unwrap();
+        let request = ScoreRequest {
+            prompt_ids: ids.clone(),
+            response_ids: vec![7, 8],
+            adapter: Some("a".into()),
+            images: Some(images()),
+        };
+        let mut optimizer = tch::nn::AdamW::default().build(model.adapter_var_store("a").unwrap(), 1e-2).unwrap();
+        let batching = MicroBatching::new(4096, false);
+        model
+            .backward(std::slice::from_ref(&request), &batching, 0, &mut |mb| Ok(-mb.logprobs.sum(Kind::Float)))
+            .unwrap();
+        optimizer.step();
+        // The adapter moved the language model; the sampler and the trainer agree through it.
+        let settings = GenerationSettings::new(Sampling::Sample { temperature: 1.0, top_k: 0, top_p: 1.0 }, 4);
+        let sampled = model
+            .generate(
+                &[GenerationRequest {
+                    prompt_ids: ids.clone(),
+                    seed: 5,
+                    adapter: Some("a".into()),
+                    images: Some(images()),
+                }],
+                &settings,
+            )
+            .unwrap();
+        let scored = model
+            .score(&[ScoreRequest { response_ids: sampled[0].token_ids.clone(), ..request.clone() }], 4096)
+            .unwrap();
+        assert!(scored[0].iter().zip(&sampled[0].logprobs).all(|(a, b)| (a - b).abs() < 1e-4));
+        let base = model.score(&[ScoreRequest { adapter: None, ..request.clone() }], 4096).unwrap();
+        let adapted = model.score(std::slice::from_ref(&request), 4096).unwrap();
+        assert!((adapted[0][0] - base[0][0]).abs() > 1e-3, "the adapter trained: {adapted:?} against {base:?}");
+        // A saved model is a whole Qwen2.5-VL folder: loaded back, the same logits.
+        let dir = tempfile::tempdir().unwrap();
+        model.save(dir.path(), &SaveAs { policy: "p", version: 1, parent: None }).unwrap();
+        let mut loaded = LanguageModel::load(dir.path(), &LoadOptions::default()).unwrap();
+        let after = tch::no_grad(|| loaded.image_prompt_logits(&ids, &images())).unwrap();
+        assert!(after.allclose(&before, 1e-6, 1e-6, false), "the saved model's logits");
     }
 }

@@ -73,7 +73,12 @@ mod tests {
     use super::*;
 
     fn request(prompt: i64, prompt_len: usize, response_len: usize) -> ScoreRequest {
-        ScoreRequest { prompt_ids: vec![prompt; prompt_len], response_ids: vec![1; response_len], adapter: None }
+        ScoreRequest {
+            prompt_ids: vec![prompt; prompt_len],
+            response_ids: vec![1; response_len],
+            adapter: None,
+            images: None,
+        }
     }
 
     #[test]

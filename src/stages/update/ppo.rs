@@ -127,6 +127,7 @@ pub(super) fn train_ppo(
             prompt_ids: s.prompt.clone(),
             response_ids: s.response.clone(),
             adapter: adapter.map(str::to_owned),
+            images: None,
         })
         .collect();
     let epochs: Vec<Vec<usize>> =
@@ -431,7 +432,8 @@ mod tests {
 
     #[test]
     fn an_epoch_keeps_each_groups_samples_together() {
-        let sample = |prompt: i64| ScoreRequest { prompt_ids: vec![prompt], response_ids: vec![1], adapter: None };
+        let sample =
+            |prompt: i64| ScoreRequest { prompt_ids: vec![prompt], response_ids: vec![1], adapter: None, images: None };
         let sequences: Vec<ScoreRequest> = [7, 8, 7, 9, 8, 7].into_iter().map(sample).collect();
         let order = mini_batch_order(&sequences, 3);
         let mut sorted = order.clone();

@@ -35,7 +35,7 @@ pub(super) fn examples(
         let (_, prompt_ids) = model.agent_prompt(&demo.prompt, max_prompt)?;
         let mut response_ids = model.require_tokenizer()?.encode(&demo.response, false)?;
         response_ids.push(eos);
-        examples.push(ScoreRequest { prompt_ids, response_ids, adapter: None });
+        examples.push(ScoreRequest { prompt_ids, response_ids, adapter: None, images: None });
     }
     if examples.is_empty() {
         return Err(Error::Init {
