@@ -5,9 +5,11 @@
 mod fixture;
 pub mod layout;
 mod model;
+mod processor;
 mod qwen2_5_vl;
 
 pub use layout::Grid;
 pub use model::PromptImages;
 pub(crate) use model::{ImagePrompt, RowImages, Vision, read_config};
+pub use processor::{Image, ImageProcessor};
 pub use qwen2_5_vl::{VisionConfig, VisionTower};
