@@ -2,6 +2,7 @@
 """Prints RESULTS.md's headline table from the committed results/*/compare.csv files.
 
     python3 results/table.py                      # the headline table (markdown)
+    python3 results/table.py --paper              # the grid columns beside the paper's Qwen3-1.7B
     python3 results/table.py results/plan-path results/plan-path-v10   # those CSVs side by side
 
 A headline column names, per group of seeds, the compare.csv files that hold its rows;
@@ -62,6 +63,20 @@ COLUMNS = [
      ("single agent", "single agent + AT-GRPO", "MAS + AT-GRPO (per-role)",
       "MAS + AT-GRPO (per-role), swapped")),
 ]
+
+
+# The paper's Qwen3-1.7B table (PettingLLMs, Table 1: accuracy %), by our row label.
+PAPER_COLUMNS = ["Sudoku", "Sokoban", "Plan-Path", "LCB", "APPS", "CodeContests", "AIME24", "AIME25",
+                 "OlympiadBench"]
+PAPER = {
+    "single agent": [7.00, 0.00, 5.00, 11.60, 16.20, 3.60, 13.40, 9.80, 22.20],
+    "single agent + GRPO ¹": [29.00, 3.00, 11.00, 18.80, 17.00, 3.00, 10.00, 6.70, 23.80],
+    "MAS (untrained)": [69.00, 0.00, 10.00, 19.00, 16.60, 3.60, 13.30, 13.00, 35.90],
+    "MAS + AT-GRPO (shared)": [99.00, 10.00, 96.00, 20.90, 17.60, 4.80, 16.70, 16.70, 39.60],
+    "MAS + AT-GRPO (per-role, L2)": [99.00, 11.50, 97.00, 24.00, 18.60, 7.80, 13.30, 18.30, 35.20],
+}
+# Our grid columns (index into COLUMNS) and the paper's column each sits beside.
+BESIDE = [(0, "Plan-Path"), (1, "Sokoban"), (2, "Sudoku")]
 
 
 def read(folder):
@@ -137,6 +152,24 @@ def headline():
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
+def beside_paper():
+    """Our grid cells beside the paper's (Qwen3-1.7B: a model 2,200 times the embedded
+    default's size), then the paper's code and math columns, whose benchmarks we do not run."""
+    grid = [(COLUMNS[i], name) for i, name in BESIDE]
+    others = [c for c in PAPER_COLUMNS if c not in dict(BESIDE).values()]
+    head = [f"{name} · ours | {name} · paper" for _, name in grid] + [f"{c} · paper" for c in others]
+    print("| method | " + " | ".join(head) + " |")
+    print("|---" * (2 * len(grid) + len(others) + 1) + "|")
+    for label, method in ROWS:
+        paper = PAPER.get(label)
+        value = (lambda c: f"{paper[PAPER_COLUMNS.index(c)]:.1f}") if paper else (lambda c: "—")
+        cells = []
+        for (header, seeds, groups, marker, notes, na), name in grid:
+            cells += [cell(method, seeds, groups, marker, notes, na), value(name)]
+        cells += [value(c) for c in others]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
 def side_by_side(folders):
     tables = [read(Path(f).name) for f in folders]
     methods = []
@@ -154,7 +187,9 @@ def side_by_side(folders):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    if sys.argv[1:] == ["--paper"]:
+        beside_paper()
+    elif len(sys.argv) > 1:
         side_by_side(sys.argv[1:])
     else:
         headline()

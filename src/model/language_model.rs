@@ -53,7 +53,7 @@ pub(crate) struct Adapter {
 }
 
 /// Files beside the weights that a saved checkpoint carries over unchanged.
-pub(crate) const TOKENIZER_FILES: [&str; 7] = [
+pub(crate) const ASSET_FILES: [&str; 8] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
@@ -61,6 +61,7 @@ pub(crate) const TOKENIZER_FILES: [&str; 7] = [
     "generation_config.json",
     "vocab.json",
     "merges.txt",
+    "preprocessor_config.json",
 ];
 
 /// A decoder ready to sample and train.
@@ -98,7 +99,7 @@ impl LanguageModel {
         };
         let files = SafetensorsSet::open_dir(dir)?;
         let mut policy = LanguageModel::build(config, &Weights::Files(&files), options)?;
-        policy.vision = vision.map(|parts| Vision::load(parts, &files, options)).transpose()?;
+        policy.vision = vision.map(|parts| Vision::load(dir, parts, &files, options)).transpose()?;
         // A tensor the model has no place for means the config does not describe the file.
         let known = policy.vs.variables();
         let tied_head = |n: &str| n == "lm_head.weight" && policy.lm.config.tie_word_embeddings;
@@ -153,7 +154,7 @@ impl LanguageModel {
         }
         self.chat_template = ChatTemplate::from_dir(dir)?;
         self.assets.clear();
-        for name in TOKENIZER_FILES {
+        for name in ASSET_FILES {
             let path = dir.join(name);
             if path.exists() {
                 self.assets.push((name.to_owned(), std::fs::read(&path).map_err(|e| Error::io(&path, e))?));

@@ -134,9 +134,34 @@ pub fn rope_positions(ids: &[i64], image_token: i64, grids: &[Grid], merge: usiz
     Ok(positions)
 }
 
+/// A prompt whose every `image_token` is one image's placeholder (as a chat template
+/// renders it) with each placeholder repeated into the image's tokens: the ids the model
+/// reads. An error when the placeholders and the images do not pair up.
+pub fn expand_image_tokens(ids: &[i64], image_token: i64, grids: &[Grid], merge: usize) -> Result<Vec<i64>, String> {
+    let placeholders = ids.iter().filter(|&&id| id == image_token).count();
+    if placeholders != grids.len() {
+        return Err(format!("the prompt has {placeholders} image placeholders for {} images", grids.len()));
+    }
+    let mut grids = grids.iter();
+    let mut expanded = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let copies = if id == image_token { grids.next().expect("as many as placeholders").tokens(merge) } else { 1 };
+        expanded.extend(std::iter::repeat_n(id, copies));
+    }
+    Ok(expanded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_placeholder_becomes_its_images_tokens() {
+        let grids = [Grid { t: 1, h: 4, w: 6 }, Grid { t: 1, h: 2, w: 2 }];
+        assert_eq!(expand_image_tokens(&[1, 9, 2, 9], 9, &grids, 2).unwrap(), [1, 9, 9, 9, 9, 9, 9, 2, 9]);
+        let wrong = expand_image_tokens(&[1, 9, 2], 9, &grids, 2).unwrap_err();
+        assert!(wrong.contains("1 image placeholders for 2 images"), "{wrong}");
+    }
 
     #[test]
     fn patches_come_in_merge_blocks_block_major() {

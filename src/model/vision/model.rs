@@ -18,6 +18,7 @@ use super::super::lora::Route;
 use super::super::weights::SafetensorsSet;
 use super::super::{Error, LoadOptions, Result};
 use super::layout::{self, Grid};
+use super::processor::{Image, ImageProcessor};
 use super::qwen2_5_vl::{VisionConfig, VisionTower};
 
 /// What a `config.json` says of a vision-language model beyond its language model.
@@ -33,6 +34,7 @@ pub(crate) struct VisionParts {
 pub(crate) struct Vision {
     raw: Value,
     tower: VisionTower,
+    processor: ImageProcessor,
     image_token: i64,
     mrope_section: Vec<i64>,
 }
@@ -67,9 +69,17 @@ pub(crate) fn read_config(dir: &Path) -> Result<Option<(ModelConfig, VisionParts
 }
 
 impl Vision {
-    pub(crate) fn load(parts: VisionParts, files: &SafetensorsSet, options: &LoadOptions) -> Result<Vision> {
+    /// The tower from `files`, the image processor from `dir/preprocessor_config.json`.
+    pub(crate) fn load(
+        dir: &Path,
+        parts: VisionParts,
+        files: &SafetensorsSet,
+        options: &LoadOptions,
+    ) -> Result<Vision> {
         let tower = VisionTower::load(parts.config, files, options.kind(), options.tch_device())?;
-        Ok(Vision { raw: parts.raw, tower, image_token: parts.image_token, mrope_section: parts.mrope_section })
+        let processor = ImageProcessor::from_dir(dir)?;
+        let (image_token, mrope_section) = (parts.image_token, parts.mrope_section);
+        Ok(Vision { raw: parts.raw, tower, processor, image_token, mrope_section })
     }
 
     /// What a saved checkpoint writes beside the language model's tensors: the whole
@@ -165,6 +175,21 @@ impl LanguageModel {
         }
     }
 
+    /// A prompt whose image placeholders (one `image_token` per image, as the chat template
+    /// renders them) stand for `images`, in order: the ids with each placeholder expanded
+    /// into its image's tokens, and the images as the tower takes them. This is the one
+    /// place a prompt's images are expanded; everything after reads these ids.
+    pub fn prompt_with_images(&self, ids: &[i64], images: &[Image]) -> Result<(Vec<i64>, PromptImages)> {
+        let vision = self.vision.as_ref().ok_or_else(|| Error::Request {
+            reason: format!("{} images given, but the model has no vision tower", images.len()),
+        })?;
+        let request = |reason: String| Error::Request { reason };
+        let processed = vision.processor.process(images).map_err(request)?;
+        let merge = vision.tower.config().spatial_merge_size;
+        let ids = layout::expand_image_tokens(ids, vision.image_token, &processed.grids, merge).map_err(request)?;
+        Ok((ids, processed))
+    }
+
     /// Checks that `ids` expands `images` exactly (one run of image tokens per image, as
     /// long as its merged grid) and computes their features and positions.
     pub(crate) fn image_prompt(&self, ids: &[i64], images: &PromptImages) -> Result<ImagePrompt> {
@@ -231,7 +256,7 @@ mod tests {
     use tch::Kind;
     use tch::nn::OptimizerConfig;
 
-    use super::super::fixture::{grids, images, policy, reference};
+    use super::super::fixture::{grids, images, policy, processor_case, reference};
     use crate::model::{
         GenerationRequest, GenerationSettings, LanguageModel, LoadOptions, LoraConfig, MicroBatching, PromptImages,
         Sampling, SaveAs, ScoreRequest,
@@ -251,6 +276,23 @@ mod tests {
         let short = [&ids[..first], &ids[first + 1..]].concat();
         let error = model.image_prompt_logits(&short, &images()).unwrap_err();
         assert!(error.to_string().contains("expands into 15 tokens, but the prompt holds 14"), "{error}");
+    }
+
+    #[test]
+    fn a_prompts_image_placeholders_expand_once_into_what_the_sampler_and_trainer_read() {
+        let mut model = policy();
+        let (image, pixel_values, grid) = processor_case(0);
+        let (ids, images) = model.prompt_with_images(&[5, 250, 40], std::slice::from_ref(&image)).unwrap();
+        assert_eq!(ids, [vec![5], vec![250; 6], vec![40]].concat(), "a 4 x 6 grid is 6 tokens");
+        assert_eq!(images.grids, [grid]);
+        let ours = tch::Tensor::from_slice(&images.pixel_values).view_as(&pixel_values);
+        assert!((ours - &pixel_values).abs().max().double_value(&[]) < 1e-4, "the processor's pixel values");
+        let settings = GenerationSettings::new(Sampling::Greedy, 3);
+        let request =
+            GenerationRequest { prompt_ids: ids.clone(), seed: 0, adapter: None, images: Some(Arc::new(images)) };
+        assert_eq!(model.generate(&[request], &settings).unwrap()[0].token_ids.len(), 3);
+        let error = model.prompt_with_images(&[5, 250, 250], std::slice::from_ref(&image)).unwrap_err();
+        assert!(error.to_string().contains("2 image placeholders for 1 images"), "{error}");
     }
 
     #[test]

@@ -184,28 +184,17 @@ impl ImageProcessor {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::weights::SafetensorsSet;
-    use super::super::fixture::fixture;
+    use super::super::fixture::{fixture, processor_case};
     use super::*;
-
-    fn reference(name: &str) -> Tensor {
-        let set = SafetensorsSet::open_files(&[fixture().join("processor.safetensors")]).unwrap();
-        let (shape, kind) = set.info(name).unwrap();
-        let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        set.tensor(name, &shape, kind, Device::Cpu).unwrap()
-    }
 
     #[test]
     fn images_are_resized_normalised_and_cut_into_patches_as_transformers_does() {
         let processor = ImageProcessor::from_dir(&fixture()).unwrap();
         for i in 0..3 {
-            let raw = reference(&format!("image_{i}"));
-            let (height, width) = (raw.size()[0] as usize, raw.size()[1] as usize);
-            let image = Image::new(width, height, Vec::<u8>::try_from(raw.reshape([-1])).unwrap()).unwrap();
+            let (image, expected, grid) = processor_case(i);
+            let (width, height) = (image.width, image.height);
             let processed = processor.process(std::slice::from_ref(&image)).unwrap();
-            let grid = Vec::<i64>::try_from(reference(&format!("grid_{i}"))).unwrap();
-            assert_eq!(processed.grids, [Grid { t: 1, h: grid[1] as usize, w: grid[2] as usize }], "image {i}");
-            let expected = reference(&format!("pixel_values_{i}"));
+            assert_eq!(processed.grids, [grid], "image {i}");
             let ours = Tensor::from_slice(&processed.pixel_values).view_as(&expected);
             let gap = (ours - &expected).abs().max().double_value(&[]);
             assert!(gap < 1e-4, "image {i} of {width} x {height}: largest gap {gap}");
