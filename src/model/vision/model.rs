@@ -296,6 +296,18 @@ mod tests {
     }
 
     #[test]
+    fn in_bfloat16_the_tower_and_the_language_model_give_transformers_logits_to_its_precision() {
+        let options = LoadOptions { dtype: Some(crate::model::DType::Bf16), ..LoadOptions::default() };
+        let mut model = LanguageModel::load(&super::super::fixture::fixture(), &options).unwrap();
+        let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
+        let logits = tch::no_grad(|| model.image_prompt_logits(&ids, &images())).unwrap();
+        let expected = reference("logits");
+        let (gap, scale) =
+            ((&logits - &expected).abs().max().double_value(&[]), expected.abs().max().double_value(&[]));
+        assert!(gap < 2e-2 * scale, "largest gap to transformers' float32 logits: {gap} (largest logit {scale})");
+    }
+
+    #[test]
     fn the_sampler_continues_a_prompt_with_images_as_transformers_greedy_does() {
         let mut model = policy();
         let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
