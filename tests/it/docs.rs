@@ -342,3 +342,21 @@ fn doctor_reports_libtorch_python_and_disk() {
     assert_eq!(out.status.code(), Some(3), "{stdout}");
     assert!(stdout.contains("fail  vLLM"), "{stdout}");
 }
+
+#[test]
+fn the_results_tables_are_what_the_table_script_prints_from_the_committed_csvs() {
+    let results = std::fs::read_to_string(repo_root().join("RESULTS.md")).unwrap();
+    for args in [&[][..], &["--paper"][..]] {
+        let out = std::process::Command::new("python3")
+            .arg(repo_root().join("results/table.py"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "results/table.py {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let printed = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            results.contains(&printed),
+            "RESULTS.md does not hold what results/table.py {args:?} prints:\n{printed}"
+        );
+    }
+}
