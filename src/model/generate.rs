@@ -22,7 +22,6 @@
 //! would compute alone, so results do not depend on the budget, the admission order or
 //! the batch mates (up to float summation order).
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -355,31 +354,11 @@ impl LanguageModel {
             requests,
             settings,
             adapters,
-            images: self.image_prompts(requests)?,
+            images: self.image_prompts(requests.iter().map(|r| (r.prompt_ids.as_slice(), r.images.as_deref())))?,
             eos: settings.eos_token_ids.clone().unwrap_or_else(|| self.lm.config.eos_token_ids.clone()),
             sampler: Sampler::new(settings.sampling),
             stop_window,
         })
-    }
-
-    /// Each request's [`ImagePrompt`], computed once per distinct prompt and images.
-    fn image_prompts(&self, requests: &[GenerationRequest]) -> Result<Vec<Option<Rc<ImagePrompt>>>> {
-        let mut computed: HashMap<(&[i64], &str), Rc<ImagePrompt>> = HashMap::new();
-        let mut prompts = Vec::with_capacity(requests.len());
-        for r in requests {
-            let Some(images) = &r.images else {
-                self.check_no_images(&r.prompt_ids)?;
-                prompts.push(None);
-                continue;
-            };
-            let key = (r.prompt_ids.as_slice(), images.key.as_str());
-            let prompt = match computed.entry(key) {
-                Entry::Occupied(computed) => Rc::clone(computed.get()),
-                Entry::Vacant(new) => Rc::clone(new.insert(Rc::new(self.image_prompt(&r.prompt_ids, images)?))),
-            };
-            prompts.push(Some(prompt));
-        }
-        Ok(prompts)
     }
 
     /// Sizes the caches from the budget: as many slots as it pays for, at most one per request.

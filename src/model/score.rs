@@ -33,6 +33,7 @@
 //! memory of one layer instead of all.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use tch::{Kind, Tensor};
@@ -40,7 +41,7 @@ use tch::{Kind, Tensor};
 use super::decoder::{CacheStep, CausalLm, Pass};
 use super::language_model::LanguageModel;
 use super::lora::Route;
-use super::vision::{PromptImages, RowImages};
+use super::vision::{ImagePrompt, PromptImages, RowImages};
 use super::{Error, Result, guard};
 use crate::rng::combine;
 
@@ -139,16 +140,14 @@ impl LanguageModel {
                     reason: format!("score request {i}: token id {id} is outside the vocabulary (size {vocab})"),
                 });
             }
-            if r.images.is_none() {
-                self.check_no_images(&r.prompt_ids)?;
-            }
         }
+        let images = self.image_prompts(requests.iter().map(|r| (r.prompt_ids.as_slice(), r.images.as_deref())))?;
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
         let rows = rows(requests, batching.max_tokens, batching.share_prefix);
         for (n, batch) in micro_batches(&rows, batching.max_tokens).into_iter().enumerate() {
             let dropout_seed = combine(seed, n as u64);
             let batch: Vec<&Row> = batch.into_iter().map(|r| &rows[r]).collect();
-            let mb = self.micro_batch(requests, &batch, training, batching, dropout_seed, loss)?;
+            let mb = self.micro_batch(requests, &images, &batch, training, batching, dropout_seed, loss)?;
             let values =
                 Vec::<f32>::try_from(&mb.logprobs.detach().to_device(tch::Device::Cpu).reshape([-1])).expect("f32");
             let t = mb.logprobs.size()[1] as usize;
@@ -160,9 +159,11 @@ impl LanguageModel {
     }
 
     /// One micro-batch: forward, logprobs, and (when `loss` gives one) backward.
+    #[allow(clippy::too_many_arguments)]
     fn micro_batch(
         &mut self,
         requests: &[ScoreRequest],
+        images: &[Option<Rc<ImagePrompt>>],
         batch: &[&Row],
         training: bool,
         batching: &MicroBatching,
@@ -183,7 +184,7 @@ impl LanguageModel {
             .collect::<Result<_>>()?;
         let route = Route::new(&slots, device, training.then_some(dropout_seed));
         let input = self.ids_tensor(&layout.ids);
-        let (rope, images) = self.image_rows(requests, batch, &layout.positions, l)?;
+        let (rope, images) = image_rows(images, requests, batch, &layout.positions, l);
         let (cos, sin) = self.rope(&to_dev(&rope).view([3, b, l]));
         let embed = |lm: &LanguageModel| lm.embed_with_images(&input, &images);
         let attention_mask = layout.segments.as_ref().map(|s| shared_prefix_mask(&to_dev(s).view([b, l])));
@@ -242,33 +243,6 @@ impl LanguageModel {
         Ok(mb)
     }
 
-    /// The rotary positions (3, b, L), flattened, of a micro-batch whose layout puts token
-    /// j of a row at `positions` (b·L) of its prompt and responses; and the features of
-    /// each row whose prompt holds images, at their columns (the prompt opens the row).
-    fn image_rows(
-        &self,
-        requests: &[ScoreRequest],
-        batch: &[&Row],
-        positions: &[i64],
-        l: i64,
-    ) -> Result<(Vec<i64>, Vec<RowImages>)> {
-        let mut axes: [Vec<i64>; 3] = std::array::from_fn(|_| positions.to_vec());
-        let mut features = Vec::new();
-        for (b, row) in batch.iter().enumerate() {
-            let request = &requests[row.members[0]];
-            let Some(images) = &request.images else { continue };
-            let prompt = self.image_prompt(&request.prompt_ids, images)?;
-            let span = b * l as usize..(b + 1) * l as usize;
-            for (axis, all) in axes.iter_mut().enumerate() {
-                for p in &mut all[span.clone()] {
-                    *p = prompt.position(axis, *p as usize);
-                }
-            }
-            features.push(prompt.features_in(b as i64, 0, request.prompt_ids.len()));
-        }
-        Ok((axes.concat(), features))
-    }
-
     /// Logits of every position of each sequence, (len_i, V) float32, computed in one
     /// left-padded batch with the padding masked out (as a padded prefill).
     pub fn logits(&mut self, sequences: &[Vec<i64>], adapters: &[Option<String>]) -> Result<Vec<Tensor>> {
@@ -321,6 +295,32 @@ impl LanguageModel {
         };
         Ok(self.lm.hidden(&self.ids_tensor(&rows), &pass))
     }
+}
+
+/// The rotary positions (3, b, L), flattened, of a micro-batch whose layout puts token
+/// j of a row at `positions` (b·L) of its prompt and responses; and the features of
+/// each row whose prompt holds images (`images`, by request), at their columns (the
+/// prompt opens the row).
+fn image_rows(
+    images: &[Option<Rc<ImagePrompt>>],
+    requests: &[ScoreRequest],
+    batch: &[&Row],
+    positions: &[i64],
+    l: i64,
+) -> (Vec<i64>, Vec<RowImages>) {
+    let mut axes: [Vec<i64>; 3] = std::array::from_fn(|_| positions.to_vec());
+    let mut features = Vec::new();
+    for (b, row) in batch.iter().enumerate() {
+        let Some(prompt) = &images[row.members[0]] else { continue };
+        let span = b * l as usize..(b + 1) * l as usize;
+        for (axis, all) in axes.iter_mut().enumerate() {
+            for p in &mut all[span.clone()] {
+                *p = prompt.position(axis, *p as usize);
+            }
+        }
+        features.push(prompt.features_in(b as i64, 0, requests[row.members[0]].prompt_ids.len()));
+    }
+    (axes.concat(), features)
 }
 
 /// Each sequence's own positions of a left-padded batch (B, P, …).

@@ -42,6 +42,11 @@ pub(super) fn grids() -> Vec<Grid> {
     flat.chunks(3).map(|g| Grid { t: g[0] as usize, h: g[1] as usize, w: g[2] as usize }).collect()
 }
 
+/// The largest absolute gap between `ours` and `expected`, and `expected`'s largest value.
+pub(super) fn gap_and_scale(ours: &Tensor, expected: &Tensor) -> (f64, f64) {
+    ((ours - expected).abs().max().double_value(&[]), expected.abs().max().double_value(&[]))
+}
+
 /// The reference's two images.
 pub(super) fn images() -> Arc<PromptImages> {
     let pixel_values = Vec::<f32>::try_from(reference("pixel_values").reshape([-1])).unwrap();

@@ -6,7 +6,10 @@
 //! request comes in ([`ImagePrompt`]); the sampler and the scorer then read the same
 //! features and positions, so an image never expands differently in one than the other.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::Path;
+use std::rc::Rc;
 
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
@@ -167,7 +170,7 @@ impl LanguageModel {
 
     /// Refuses a prompt of a vision-language model that holds image tokens but comes
     /// without its images: embedded as text, it would be silently another prompt.
-    pub(crate) fn check_no_images(&self, ids: &[i64]) -> Result<()> {
+    fn check_no_images(&self, ids: &[i64]) -> Result<()> {
         let Some(token) = self.image_token() else { return Ok(()) };
         match ids.iter().filter(|&&id| id == token).count() {
             0 => Ok(()),
@@ -188,6 +191,29 @@ impl LanguageModel {
         let merge = vision.tower.config().spatial_merge_size;
         let ids = layout::expand_image_tokens(ids, vision.image_token, &processed.grids, merge).map_err(request)?;
         Ok((ids, processed))
+    }
+
+    /// Each prompt's [`ImagePrompt`], checked and computed once per distinct prompt and
+    /// images, before any forward runs; a prompt without images must hold no image tokens.
+    pub(crate) fn image_prompts<'a>(
+        &self,
+        prompts: impl Iterator<Item = (&'a [i64], Option<&'a PromptImages>)>,
+    ) -> Result<Vec<Option<Rc<ImagePrompt>>>> {
+        let mut computed: HashMap<(&[i64], &str), Rc<ImagePrompt>> = HashMap::new();
+        let mut out = Vec::new();
+        for (ids, images) in prompts {
+            let Some(images) = images else {
+                self.check_no_images(ids)?;
+                out.push(None);
+                continue;
+            };
+            let prompt = match computed.entry((ids, images.key.as_str())) {
+                Entry::Occupied(computed) => Rc::clone(computed.get()),
+                Entry::Vacant(new) => Rc::clone(new.insert(Rc::new(self.image_prompt(ids, images)?))),
+            };
+            out.push(Some(prompt));
+        }
+        Ok(out)
     }
 
     /// Checks that `ids` expands `images` exactly (one run of image tokens per image, as
@@ -256,7 +282,7 @@ mod tests {
     use tch::Kind;
     use tch::nn::OptimizerConfig;
 
-    use super::super::fixture::{grids, images, policy, processor_case, reference};
+    use super::super::fixture::{gap_and_scale, grids, images, policy, processor_case, reference};
     use crate::model::{
         GenerationRequest, GenerationSettings, LanguageModel, LoadOptions, LoraConfig, MicroBatching, PromptImages,
         Sampling, SaveAs, ScoreRequest,
@@ -268,8 +294,7 @@ mod tests {
         let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
         let logits = tch::no_grad(|| model.image_prompt_logits(&ids, &images())).unwrap();
         let expected = reference("logits");
-        let (gap, scale) =
-            ((&logits - &expected).abs().max().double_value(&[]), expected.abs().max().double_value(&[]));
+        let (gap, scale) = gap_and_scale(&logits, &expected);
         assert!(gap < 1e-5 * scale, "largest gap to transformers' logits: {gap} (largest logit {scale})");
         // One image token short: an error naming the image, not a silently shifted prompt.
         let first = ids.iter().position(|&id| Some(id) == model.image_token()).unwrap();
@@ -286,7 +311,7 @@ mod tests {
         assert_eq!(ids, [vec![5], vec![250; 6], vec![40]].concat(), "a 4 x 6 grid is 6 tokens");
         assert_eq!(images.grids, [grid]);
         let ours = tch::Tensor::from_slice(&images.pixel_values).view_as(&pixel_values);
-        assert!((ours - &pixel_values).abs().max().double_value(&[]) < 1e-4, "the processor's pixel values");
+        assert!(gap_and_scale(&ours, &pixel_values).0 < 1e-4, "the processor's pixel values");
         let settings = GenerationSettings::new(Sampling::Greedy, 3);
         let request =
             GenerationRequest { prompt_ids: ids.clone(), seed: 0, adapter: None, images: Some(Arc::new(images)) };
@@ -302,8 +327,7 @@ mod tests {
         let ids = Vec::<i64>::try_from(reference("input_ids")).unwrap();
         let logits = tch::no_grad(|| model.image_prompt_logits(&ids, &images())).unwrap();
         let expected = reference("logits");
-        let (gap, scale) =
-            ((&logits - &expected).abs().max().double_value(&[]), expected.abs().max().double_value(&[]));
+        let (gap, scale) = gap_and_scale(&logits, &expected);
         assert!(gap < 2e-2 * scale, "largest gap to transformers' float32 logits: {gap} (largest logit {scale})");
     }
 

@@ -184,7 +184,7 @@ impl ImageProcessor {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixture::{fixture, processor_case};
+    use super::super::fixture::{fixture, gap_and_scale, processor_case};
     use super::*;
 
     #[test]
@@ -196,7 +196,7 @@ mod tests {
             let processed = processor.process(std::slice::from_ref(&image)).unwrap();
             assert_eq!(processed.grids, [grid], "image {i}");
             let ours = Tensor::from_slice(&processed.pixel_values).view_as(&expected);
-            let gap = (ours - &expected).abs().max().double_value(&[]);
+            let gap = gap_and_scale(&ours, &expected).0;
             assert!(gap < 1e-4, "image {i} of {width} x {height}: largest gap {gap}");
             // The PNG the store keeps decodes to the same pixels, and names them.
             let png = image.to_png();

@@ -248,7 +248,7 @@ fn block_diagonal(bounds: &[i64], device: Device) -> Tensor {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixture::{fixture, grids, reference};
+    use super::super::fixture::{fixture, gap_and_scale, grids, reference};
     use super::*;
 
     fn tower() -> VisionTower {
@@ -265,8 +265,7 @@ mod tests {
         let features = tch::no_grad(|| tower.forward(&reference("pixel_values"), &grids())).unwrap();
         let expected = reference("image_features");
         assert_eq!(features.size(), expected.size());
-        let gap = (&features - &expected).abs().max().double_value(&[]);
-        let scale = expected.abs().max().double_value(&[]);
+        let (gap, scale) = gap_and_scale(&features, &expected);
         assert!(gap < 1e-5 * scale, "largest gap to transformers' features: {gap} (largest feature {scale})");
         let wrong = tower.forward(&reference("pixel_values").narrow(0, 0, 10), &grids()).unwrap_err();
         assert!(wrong.to_string().contains("but the grids make [92, 1176]"), "{wrong}");
